@@ -1,0 +1,6 @@
+"""Correctness checks: structural (shape, dtype, finiteness) and per-kind numerical checkers."""
+
+from fibray.check import elementwise as _elementwise  # noqa: F401  (registers checkers)
+from fibray.check.base import CheckResult, Tolerance, checker_for, error_stats, register_checker, structural
+
+__all__ = ["CheckResult", "Tolerance", "checker_for", "error_stats", "register_checker", "structural"]

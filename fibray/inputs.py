@@ -1,0 +1,142 @@
+"""Materialise a workload's inputs on a device: seeded random tensors, scalars, safetensors blobs.
+
+Random inputs depend only on (eval seed, workload, trial, input name), so every solution
+of a workload sees the same data and references can be reused. A blob that is missing or
+does not match the definition is an InputError, never replaced by random data.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+
+from fibray.schema import Definition, DType, SafetensorsInput, ScalarInput, Workload
+
+TORCH_DTYPES: dict[DType, torch.dtype] = {
+    DType.FLOAT32: torch.float32,
+    DType.FLOAT16: torch.float16,
+    DType.BFLOAT16: torch.bfloat16,
+    DType.FLOAT8_E4M3FN: torch.float8_e4m3fn,
+    DType.FLOAT8_E5M2: torch.float8_e5m2,
+    DType.FLOAT4_E2M1: getattr(torch, "float4_e2m1fn_x2", torch.uint8),
+    DType.INT64: torch.int64,
+    DType.INT32: torch.int32,
+    DType.INT16: torch.int16,
+    DType.INT8: torch.int8,
+    DType.BOOL: torch.bool,
+}
+_INT_RANGES = {torch.int8: (-128, 128), torch.int16: (-1024, 1024), torch.int32: (-1024, 1024), torch.int64: (-1024, 1024)}
+
+
+class InputError(ValueError):
+    """A workload input cannot be materialised (missing blob, key, wrong shape or dtype)."""
+
+
+def torch_dtype(dtype: DType) -> torch.dtype:
+    return TORCH_DTYPES[dtype]
+
+
+def input_seed(seed: int, workload_uuid: str, trial: int, name: str) -> int:
+    """Deterministic 63-bit seed of one random input."""
+    return int(hashlib.sha256(f"{seed}:{workload_uuid}:{trial}:{name}".encode()).hexdigest()[:15], 16)
+
+
+def random_tensor(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device, seed: int) -> torch.Tensor:
+    """A dtype-appropriate random tensor: N(0,1) floats, clamped low-bit floats, small ints, bools."""
+    gen = torch.Generator(device=device)
+    gen.manual_seed(seed)
+    if dtype in (torch.float32, torch.float16, torch.bfloat16, torch.float64):
+        return torch.randn(shape, generator=gen, device=device, dtype=torch.float32).to(dtype)
+    if dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
+        return torch.randn(shape, generator=gen, device=device).clamp_(-2.0, 2.0).to(dtype)
+    if dtype is torch.bool:
+        return torch.randint(0, 2, shape, generator=gen, device=device, dtype=torch.bool)
+    if dtype in _INT_RANGES:
+        lo, hi = _INT_RANGES[dtype]
+        return torch.randint(lo, hi, shape, generator=gen, device=device, dtype=dtype)
+    raise InputError(f"cannot draw random values of dtype {dtype}")
+
+
+class BlobCache:
+    """Safetensors files loaded once per process (CPU copies), keyed by path."""
+
+    def __init__(self) -> None:
+        self._files: dict[Path, dict[str, torch.Tensor]] = {}
+
+    def tensor(self, root: Path, src: SafetensorsInput, input_name: str) -> torch.Tensor:
+        path = (root / src.path).resolve()
+        if path not in self._files:
+            if not path.is_file():
+                raise InputError(f"workload.inputs.{input_name}.path: safetensors blob {src.path!r} not found under {root}")
+            from safetensors.torch import load_file
+
+            try:
+                self._files[path] = load_file(str(path), device="cpu")
+            except Exception as e:  # safetensors raises its own error types for corrupt files
+                raise InputError(f"workload.inputs.{input_name}.path: cannot read {path}: {e}") from e
+        tensors = self._files[path]
+        if src.tensor_key not in tensors:
+            raise InputError(
+                f"workload.inputs.{input_name}.tensor_key: {src.tensor_key!r} not in {path} (keys: {sorted(tensors)})"
+            )
+        return tensors[src.tensor_key]
+
+
+def materialize(
+    definition: Definition,
+    workload: Workload,
+    *,
+    root: Path,
+    seed: int,
+    trial: int,
+    device: torch.device,
+    blobs: Optional[BlobCache] = None,
+) -> list[Any]:
+    """The inputs of one trial, in definition order."""
+    blobs = blobs or BlobCache()
+    shapes = definition.input_shapes(workload.axes)
+    args: list[Any] = []
+    for name, spec in definition.inputs.items():
+        src = workload.inputs.get(name)
+        dtype = torch_dtype(spec.dtype)
+        if isinstance(src, ScalarInput):
+            args.append(src.value)
+        elif isinstance(src, SafetensorsInput):
+            t = blobs.tensor(root, src, name)
+            if shapes[name] is not None and tuple(t.shape) != shapes[name]:
+                raise InputError(f"workload.inputs.{name}: blob shape {tuple(t.shape)}, definition expects {shapes[name]}")
+            if t.dtype != dtype:
+                raise InputError(f"workload.inputs.{name}: blob dtype {t.dtype}, definition expects {dtype}")
+            args.append(t.to(device, copy=True))
+        else:
+            s = input_seed(seed, workload.uuid, trial, name)
+            if shapes[name] is None:
+                args.append(random_tensor((), dtype, device, s).item())
+            else:
+                args.append(random_tensor(shapes[name], dtype, device, s))
+    return args
+
+
+def allocate_outputs(definition: Definition, axes: dict[str, int], device: torch.device) -> list[torch.Tensor]:
+    """Output buffers for destination-passing style, poisoned (NaN / max int) so that
+    an output the candidate never writes cannot pass by inheriting stale memory."""
+    outs = []
+    for name, spec in definition.outputs.items():
+        dtype = torch_dtype(spec.dtype)
+        t = torch.empty(definition.shape_of(spec, axes) or (), dtype=dtype, device=device)
+        if dtype.is_floating_point and dtype.itemsize >= 2:
+            t.fill_(float("nan"))
+        elif dtype is torch.bool:
+            t.fill_(True)
+        elif not dtype.is_floating_point:
+            t.fill_(torch.iinfo(dtype).max)
+        outs.append(t)
+    return outs
+
+
+def clone_args(args: list[Any]) -> list[Any]:
+    """Fresh buffers with the same values (tensors cloned, scalars kept)."""
+    return [a.clone() if isinstance(a, torch.Tensor) else a for a in args]

@@ -1,0 +1,105 @@
+"""Job and JobResult: what the sweep driver sends to a worker and what comes back.
+
+A job's id is a content hash of its definition, workload, solution and evaluation
+settings, so the trace store can serve as the ledger of what is already done.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Optional
+
+from pydantic import ConfigDict, Field
+
+from fibray.schema._base import Model
+from fibray.schema.definition import Definition
+from fibray.schema.solution import Solution
+from fibray.schema.trace import Evaluation
+from fibray.schema.workload import Workload
+
+
+class EvalSettings(Model):
+    """Evaluation settings that change a verdict (part of a job's identity)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    warmup: int = Field(default=3, ge=0)
+    """Untimed calls before timing."""
+    iterations: int = Field(default=20, ge=1)
+    """Timed calls per trial."""
+    trials: int = Field(default=3, ge=1)
+    """Independent input sets; each is checked and then timed."""
+    atol: float = Field(default=1e-2, ge=0)
+    """Absolute tolerance, unless the definition's check sets one."""
+    rtol: float = Field(default=1e-2, ge=0)
+    """Relative tolerance, unless the definition's check sets one."""
+    matched_ratio: Optional[float] = Field(default=None, gt=0, le=1)
+    """Required fraction within tolerance for matched_ratio checks, unless the definition sets one."""
+    seed: int = Field(default=0, ge=0)
+    """Base seed of random inputs; each workload and trial derives its own."""
+    flush_l2: bool = True
+    """Flush the GPU L2 cache before each timed call."""
+    sync_device: bool = True
+    """Synchronise the whole device before the end timing mark (counts side-stream work)."""
+    time_reference: bool = True
+    """Time the reference as well, for speedup."""
+    build_deadline_s: float = Field(default=300.0, gt=0)
+    """Deadline for building one solution, seconds."""
+    run_deadline_s: float = Field(default=120.0, gt=0)
+    """Deadline for one evaluation once built, seconds."""
+    log_limit: int = Field(default=4096, ge=256)
+    """Most characters of candidate error text kept in a record."""
+
+
+def content_hash(*parts: object) -> str:
+    """sha256 hex of a canonical JSON encoding of the parts."""
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()
+
+
+class Job(Model):
+    """One evaluation to run: a solution on a workload of a definition."""
+
+    job_id: str
+    """Content hash of definition, workload, solution and settings."""
+    sweep: str
+    """Sweep name."""
+    definition: Definition
+    """The definition."""
+    workload: Workload
+    """The workload."""
+    solution: Solution
+    """The candidate."""
+    settings: EvalSettings
+    """Evaluation settings."""
+    dataset_root: str
+    """Dataset root, for safetensors paths."""
+    attempt: int = 1
+    """1 for the first try; higher when re-run after a lost worker."""
+
+    @staticmethod
+    def make_id(definition: Definition, workload: Workload, solution: Solution, settings: EvalSettings) -> str:
+        """The content-hash id of a job."""
+        return content_hash(
+            definition.to_json_dict(), workload.to_json_dict(), solution.name, solution.hash,
+            settings.model_dump(mode="json"),
+        )
+
+
+class JobResult(Model):
+    """A finished job: the evaluation plus how and where it ran."""
+
+    job_id: str
+    """Id of the job."""
+    evaluation: Evaluation
+    """The verdict."""
+    worker: str
+    """Worker that produced it (actor name / pid)."""
+    isolation: str = "persistent"
+    """persistent (long-lived actor) or isolated (fresh process)."""
+    attempt: int = 1
+    """Attempt number."""
+    started_at: str
+    """ISO-8601 start time."""
+    finished_at: str
+    """ISO-8601 end time."""

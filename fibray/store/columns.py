@@ -1,0 +1,107 @@
+"""The trace store's row: one evaluation, flat, with its Arrow schema.
+
+Partition columns (definition, sweep) live in the directory names, not in the files.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pyarrow as pa
+
+from fibray.schema import Job, JobResult
+
+PARTITION_COLUMNS = ("definition", "sweep")
+
+SCHEMA = pa.schema([
+    ("job_id", pa.string()),
+    ("op_type", pa.string()),
+    ("workload_uuid", pa.string()),
+    ("axes", pa.string()),              # JSON object: var-axis name -> value
+    ("workload", pa.string()),          # JSON of the full FlashInfer Trace workload
+    ("solution", pa.string()),
+    ("solution_hash", pa.string()),
+    ("author", pa.string()),
+    ("language", pa.string()),
+    ("status", pa.string()),
+    ("reason", pa.string()),
+    ("log", pa.string()),
+    ("max_abs_error", pa.float64()),
+    ("max_rel_error", pa.float64()),
+    ("matched_ratio", pa.float64()),
+    ("correctness_extra", pa.string()),  # JSON
+    ("latency_ms", pa.float64()),        # median
+    ("latency_p95_ms", pa.float64()),
+    ("latency_mean_ms", pa.float64()),
+    ("latency_cv", pa.float64()),
+    ("n_samples", pa.int64()),
+    ("reference_latency_ms", pa.float64()),
+    ("speedup", pa.float64()),
+    ("hardware", pa.string()),
+    ("libs", pa.string()),               # JSON: library -> version
+    ("torch_version", pa.string()),
+    ("triton_version", pa.string()),
+    ("cuda_version", pa.string()),
+    ("python_version", pa.string()),
+    ("fibray_version", pa.string()),
+    ("settings", pa.string()),           # JSON of the evaluation settings
+    ("worker", pa.string()),
+    ("isolation", pa.string()),
+    ("attempt", pa.int64()),
+    ("started_at", pa.timestamp("us", tz="UTC")),
+    ("finished_at", pa.timestamp("us", tz="UTC")),
+    ("evaluation_timestamp", pa.string()),
+])
+
+COLUMNS = [*PARTITION_COLUMNS, *SCHEMA.names]
+
+
+def to_row(job: Job, result: JobResult) -> dict[str, Any]:
+    """Flatten a finished job into one store row (partition columns included)."""
+    from datetime import datetime
+
+    ev = result.evaluation
+    corr, perf, libs = ev.correctness, ev.performance, ev.environment.libs
+    extra = (corr.extra or {}) if corr else {}
+    return {
+        "definition": job.definition.name,
+        "sweep": job.sweep,
+        "job_id": job.job_id,
+        "op_type": job.definition.op_type,
+        "workload_uuid": job.workload.uuid,
+        "axes": json.dumps(job.workload.axes, sort_keys=True),
+        "workload": json.dumps(job.workload.to_json_dict(), sort_keys=True),
+        "solution": job.solution.name,
+        "solution_hash": job.solution.hash,
+        "author": job.solution.author,
+        "language": job.solution.spec.language.value,
+        "status": ev.status.value,
+        "reason": ev.reason,
+        "log": ev.log,
+        "max_abs_error": corr.max_absolute_error if corr else None,
+        "max_rel_error": corr.max_relative_error if corr else None,
+        "matched_ratio": extra.get("matched_ratio"),
+        "correctness_extra": json.dumps(extra, sort_keys=True) if extra else None,
+        "latency_ms": perf.latency_ms if perf else None,
+        "latency_p95_ms": perf.latency_p95_ms if perf else None,
+        "latency_mean_ms": perf.latency_mean_ms if perf else None,
+        "latency_cv": perf.latency_cv if perf else None,
+        "n_samples": perf.n_samples if perf else None,
+        "reference_latency_ms": perf.reference_latency_ms if perf else None,
+        "speedup": perf.speedup_factor if perf else None,
+        "hardware": ev.environment.hardware,
+        "libs": json.dumps(libs, sort_keys=True),
+        "torch_version": libs.get("torch"),
+        "triton_version": libs.get("triton"),
+        "cuda_version": libs.get("cuda"),
+        "python_version": libs.get("python"),
+        "fibray_version": libs.get("fibray"),
+        "settings": json.dumps(job.settings.model_dump(mode="json"), sort_keys=True),
+        "worker": result.worker,
+        "isolation": result.isolation,
+        "attempt": result.attempt,
+        "started_at": datetime.fromisoformat(result.started_at),
+        "finished_at": datetime.fromisoformat(result.finished_at),
+        "evaluation_timestamp": ev.timestamp,
+    }

@@ -1,0 +1,138 @@
+"""The append-only trace store: hive-partitioned Parquet, each file published atomically.
+
+Files are written under a hidden temporary name, fsynced, and renamed into place, so a
+reader never sees half a file and a killed writer leaves no visible debris. Nothing is
+ever rewritten in place. The sweep driver is the only writer of a sweep (see `lock`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import uuid
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Iterator, Optional
+from urllib.parse import quote, unquote
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from fibray.store.columns import PARTITION_COLUMNS, SCHEMA
+
+
+class StoreError(RuntimeError):
+    """The store cannot be used as asked (unwritable root, sweep already running)."""
+
+
+def _enc(value: str) -> str:
+    return quote(value, safe="")
+
+
+class TraceStore:
+    """A store root holding definition=<d>/sweep=<s>/part-*.parquet files."""
+
+    def __init__(self, root: str | Path) -> None:
+        self.root = Path(root)
+
+    def partition(self, definition: str, sweep: str) -> Path:
+        return self.root / f"definition={_enc(definition)}" / f"sweep={_enc(sweep)}"
+
+    def append(self, rows: list[dict]) -> list[Path]:
+        """Write rows as new Parquet files (one per partition); returns the published paths."""
+        groups: dict[tuple[str, str], list[dict]] = {}
+        for row in rows:
+            groups.setdefault((row["definition"], row["sweep"]), []).append(row)
+        published = []
+        for (definition, sweep), group in groups.items():
+            table = pa.Table.from_pylist([{k: r.get(k) for k in SCHEMA.names} for r in group], schema=SCHEMA)
+            published.append(self._publish(self.partition(definition, sweep), table))
+        return published
+
+    def _publish(self, folder: Path, table: pa.Table) -> Path:
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise StoreError(f"store.root: cannot create {folder}: {e.strerror}") from None
+        stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S")
+        name = f"part-{stamp}-{uuid.uuid4().hex[:12]}.parquet"
+        tmp = folder / f".{name}.tmp"
+        try:
+            pq.write_table(table, tmp, compression="zstd")
+            with open(tmp, "rb") as f:
+                os.fsync(f.fileno())
+            os.replace(tmp, folder / name)
+            dir_fd = os.open(folder, os.O_RDONLY)
+            try:
+                os.fsync(dir_fd)
+            finally:
+                os.close(dir_fd)
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                tmp.unlink()
+            raise
+        return folder / name
+
+    def files(self, sweep: Optional[str] = None, definition: Optional[str] = None) -> list[Path]:
+        """Published Parquet files, optionally of one sweep and/or definition."""
+        d = f"definition={_enc(definition)}" if definition else "definition=*"
+        s = f"sweep={_enc(sweep)}" if sweep else "sweep=*"
+        return sorted(self.root.glob(f"{d}/{s}/*.parquet"))
+
+    def read(self, sweep: Optional[str] = None, columns: Optional[list[str]] = None) -> pa.Table:
+        """Rows as an Arrow table (partition columns included), with pyarrow only."""
+        tables = []
+        wanted = [c for c in (columns or SCHEMA.names) if c not in PARTITION_COLUMNS]
+        for path in self.files(sweep=sweep):
+            t = pq.read_table(path, columns=wanted)
+            parts = dict(p.split("=", 1) for p in (path.parent.parent.name, path.parent.name))
+            for col in PARTITION_COLUMNS:
+                if columns is None or col in columns:
+                    t = t.append_column(col, pa.array([unquote(parts[col])] * t.num_rows, pa.string()))
+            tables.append(t)
+        if not tables:
+            schema = pa.schema([pa.field(c, pa.string()) for c in PARTITION_COLUMNS if columns is None or c in columns]
+                               + [SCHEMA.field(c) for c in wanted])
+            return schema.empty_table()
+        return pa.concat_tables(tables)
+
+    def job_ids(self, sweep: Optional[str] = None) -> set[str]:
+        """Ids of the jobs already recorded (the ledger)."""
+        return set(self.read(sweep=sweep, columns=["job_id"]).column("job_id").to_pylist())
+
+    @contextlib.contextmanager
+    def lock(self, sweep: str) -> Iterator[None]:
+        """Hold the single-writer lock of a sweep; a second driver fails at once."""
+        lock_dir = self.root / "_locks"
+        try:
+            lock_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise StoreError(f"store.root: cannot create {lock_dir}: {e.strerror}") from None
+        path = lock_dir / f"{_enc(sweep)}.lock"
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = os.pread(fd, 64, 0).decode(errors="replace").strip()
+                raise StoreError(f"sweep {sweep!r} is already being run by another driver ({holder or 'unknown'}) on {self.root}") from None
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"pid {os.getpid()} on {os.uname().nodename}".encode(), 0)
+            yield
+        finally:
+            os.close(fd)
+
+
+def scan(root: str | Path):
+    """A Polars LazyFrame over every row of the store (hive partition columns as strings)."""
+    import polars as pl
+
+    root = Path(root)
+    if not any(root.glob("definition=*/sweep=*/*.parquet")):
+        empty = pa.schema([pa.field(c, pa.string()) for c in PARTITION_COLUMNS] + list(SCHEMA)).empty_table()
+        return pl.from_arrow(empty).lazy()
+    return pl.scan_parquet(
+        f"{root}/**/*.parquet", hive_partitioning=True,
+        hive_schema={"definition": pl.String, "sweep": pl.String},
+    )

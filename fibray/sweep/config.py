@@ -1,0 +1,104 @@
+"""The sweep's typed configuration, validated from the composed Hydra config before any work.
+
+An unknown key or a bad value is one ConfigError naming the key (e.g. `eval.trials`).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Optional
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from fibray.schema import EvalSettings
+
+
+class ConfigError(ValueError):
+    """The sweep configuration is invalid; the message names the key."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+
+class DatasetConfig(_Strict):
+    root: str
+    """FlashInfer Trace dataset folder."""
+    definitions: Optional[list[str]] = None
+    """Definition names to sweep; null for all."""
+    workload_set: Optional[str] = None
+    """Read workloads from workloads/<workload_set>/ only; null for all."""
+    max_workloads_per_definition: Optional[int] = Field(default=None, ge=1)
+    """Keep the first N workloads of each definition."""
+
+
+class SolutionsConfig(_Strict):
+    roots: list[str] = Field(default_factory=list)
+    """Extra folders of solution JSON files (beside the dataset's own solutions/)."""
+    names: Optional[list[str]] = None
+    """Solution names to sweep; null for all."""
+
+
+class StoreConfig(_Strict):
+    root: str = "fibray-store"
+    """Trace store root (any shared path on a cluster)."""
+
+
+class ClusterConfig(_Strict):
+    address: Optional[str] = None
+    """Ray address to join; null starts a local Ray (RAY_ADDRESS also joins)."""
+    num_gpus: Optional[int] = Field(default=None, ge=1)
+    """GPUs to use; on a CPU-only machine this many logical GPUs are declared. null: all GPUs, or 2 logical."""
+    num_cpus: Optional[int] = Field(default=None, ge=1)
+    """CPUs for a local Ray; null: all."""
+    start_deadline_s: float = Field(default=180.0, gt=0)
+    """Deadline for one worker actor to start, seconds."""
+    log_to_driver: bool = False
+    """Forward worker (candidate) stdout/stderr to the driver's console."""
+
+
+class SweepSection(_Strict):
+    name: str = "default"
+    """Sweep name: a store partition; rerunning the same name resumes it."""
+    flush_rows: int = Field(default=64, ge=1)
+    """Write a Parquet file after this many new records..."""
+    flush_interval_s: float = Field(default=10.0, gt=0)
+    """...or after this many seconds, whichever comes first."""
+    progress: bool = True
+    """Show a progress line with counts per status."""
+
+    @field_validator("name")
+    @classmethod
+    def _validate_name(cls, v: str) -> str:
+        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}", v):
+            raise ValueError(f"must be 1-128 of letters, digits, '_', '.', '-' (got {v!r})")
+        return v
+
+
+class SweepConfig(_Strict):
+    dataset: DatasetConfig
+    solutions: SolutionsConfig = Field(default_factory=SolutionsConfig)
+    store: StoreConfig = Field(default_factory=StoreConfig)
+    cluster: ClusterConfig = Field(default_factory=ClusterConfig)
+    sweep: SweepSection = Field(default_factory=SweepSection)
+    eval: EvalSettings = Field(default_factory=EvalSettings)
+
+
+def validate_config(raw: dict[str, Any]) -> SweepConfig:
+    """Validate a plain dict (the resolved Hydra config) into a SweepConfig."""
+    raw = {k: v for k, v in raw.items() if k != "hydra"}
+    try:
+        return SweepConfig.model_validate(raw)
+    except ValidationError as e:
+        lines = []
+        for err in e.errors():
+            key = ".".join(str(x) for x in err["loc"])
+            msg = err["msg"].removeprefix("Value error, ")
+            if err["type"] == "extra_forbidden":
+                msg = "unknown key"
+            elif err["type"] == "missing":
+                msg = "required key is missing"
+            else:
+                msg = f"{msg} (got {err.get('input')!r})"
+            lines.append(f"  {key}: {msg}")
+        raise ConfigError("invalid sweep configuration:\n" + "\n".join(lines)) from None

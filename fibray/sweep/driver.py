@@ -1,0 +1,220 @@
+"""The sweep driver: dataset -> jobs -> GPU slots -> trace store, resumable and single-writer.
+
+The store is the ledger: jobs whose id is already recorded are skipped, so a killed
+sweep resumes where it stopped. Records are buffered and published in atomic files.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import sys
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+from fibray.dataset import Dataset, load_dataset
+from fibray.schema import EvaluationStatus, Job, JobResult
+from fibray.store import TraceStore, to_row
+from fibray.sweep.config import ConfigError, SweepConfig
+
+log = logging.getLogger(__name__)
+
+
+def make_jobs(ds: Dataset, cfg: SweepConfig) -> list[Job]:
+    """Every (workload, solution) pair of every selected definition, in workload order."""
+    jobs = []
+    for name, definition in ds.definitions.items():
+        solutions = ds.solutions_for(name)
+        for workload in ds.workloads.get(name, []):
+            for sol in solutions:
+                jobs.append(Job(
+                    job_id=Job.make_id(definition, workload, sol, cfg.eval), sweep=cfg.sweep.name,
+                    definition=definition, workload=workload, solution=sol, settings=cfg.eval,
+                    dataset_root=str(ds.root.resolve()),
+                ))
+    return jobs
+
+
+class Progress:
+    """A one-line progress report with counts per status."""
+
+    def __init__(self, total: int, enabled: bool) -> None:
+        self.total, self.enabled = total, enabled
+        self.counts: Counter[str] = Counter()
+        self.t0 = self._last = time.monotonic()
+        self.tty = sys.stderr.isatty()
+
+    def update(self, status: str) -> None:
+        self.counts[status] += 1
+        now = time.monotonic()
+        done = sum(self.counts.values())
+        if self.enabled and (self.tty or now - self._last > 5 or done == self.total):
+            self._last = now
+            self._print(done, now)
+
+    def _print(self, done: int, now: float) -> None:
+        rate = done / max(now - self.t0, 1e-9)
+        counts = " ".join(f"{k}={v}" for k, v in sorted(self.counts.items()))
+        line = f"[{done}/{self.total}] {rate:.1f} eval/s  {counts}"
+        print(("\r" + line + "\x1b[K") if self.tty else line, end="" if self.tty else "\n", file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        if self.enabled and self.tty and self.counts:
+            print(file=sys.stderr)
+
+
+@dataclass
+class SweepReport:
+    """What a sweep run did."""
+
+    sweep: str
+    total_jobs: int
+    skipped: int
+    recorded: int
+    counts: dict[str, int] = field(default_factory=dict)
+    wall_s: float = 0.0
+    files: list[Path] = field(default_factory=list)
+
+
+class _Recorder:
+    """Buffers rows and publishes them to the store by size or age."""
+
+    def __init__(self, store: TraceStore, flush_rows: int, flush_interval_s: float) -> None:
+        self.store, self.flush_rows, self.flush_interval_s = store, flush_rows, flush_interval_s
+        self.buffer: list[dict] = []
+        self.seen: set[str] = set()
+        self.files: list[Path] = []
+        self._last = time.monotonic()
+
+    def add(self, job: Job, result: JobResult) -> bool:
+        if job.job_id in self.seen:
+            return False
+        self.seen.add(job.job_id)
+        self.buffer.append(to_row(job, result))
+        if len(self.buffer) >= self.flush_rows or time.monotonic() - self._last > self.flush_interval_s:
+            self.flush()
+        return True
+
+    def flush(self) -> None:
+        if self.buffer:
+            self.files.extend(self.store.append(self.buffer))
+            self.buffer = []
+        self._last = time.monotonic()
+
+
+def _init_ray(cfg: SweepConfig) -> tuple[int, bool]:
+    """Start or join Ray; returns (GPU slots to use, whether we started Ray)."""
+    import ray
+
+    address = cfg.cluster.address or os.environ.get("RAY_ADDRESS")
+    started = False
+    if ray.is_initialized():
+        pass
+    elif address:
+        ray.init(address=address, log_to_driver=cfg.cluster.log_to_driver)
+    else:
+        import torch
+
+        real = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if real and cfg.cluster.num_gpus and cfg.cluster.num_gpus > real:
+            raise ConfigError(f"cluster.num_gpus: {cfg.cluster.num_gpus} requested but this machine has {real} GPU(s)")
+        gpus = (cfg.cluster.num_gpus or real) if real else (cfg.cluster.num_gpus or 2)
+        ray.init(num_gpus=gpus, num_cpus=cfg.cluster.num_cpus, include_dashboard=False,
+                 log_to_driver=cfg.cluster.log_to_driver, configure_logging=False)
+        started = True
+    available = int(ray.cluster_resources().get("GPU", 0))
+    if available < 1:
+        raise ConfigError(f"cluster: the Ray cluster at {address or 'local'} has no GPU resources (declare cluster.num_gpus)")
+    slots = min(available, cfg.cluster.num_gpus) if cfg.cluster.num_gpus else available
+    return slots, started
+
+
+def run_sweep(cfg: SweepConfig) -> SweepReport:
+    """Run (or resume) a sweep to completion and return what it did."""
+    from fibray.workers.pool import PoolOptions, WorkerPool
+
+    t0 = time.monotonic()
+    ds = load_dataset(
+        cfg.dataset.root, definitions=cfg.dataset.definitions, solution_roots=cfg.solutions.roots,
+        solutions=cfg.solutions.names, workload_set=cfg.dataset.workload_set,
+        max_workloads_per_definition=cfg.dataset.max_workloads_per_definition,
+    )
+    jobs = make_jobs(ds, cfg)
+    store = TraceStore(cfg.store.root)
+    with store.lock(cfg.sweep.name):
+        done = store.job_ids(cfg.sweep.name)
+        todo = [j for j in jobs if j.job_id not in done]
+        log.info("sweep %s: %d definitions, %d solutions, %d jobs, %d already recorded",
+                 cfg.sweep.name, len(ds.definitions), len(ds.solutions), len(jobs), len(jobs) - len(todo))
+        report = SweepReport(cfg.sweep.name, len(jobs), len(jobs) - len(todo), 0)
+        if not todo:
+            report.wall_s = time.monotonic() - t0
+            return report
+        import ray
+
+        slots, started = _init_ray(cfg)
+        cpus = int(ray.cluster_resources().get("CPU", os.cpu_count() or 1))
+        pool = WorkerPool(PoolOptions(
+            num_slots=slots, torch_threads=max(1, cpus // slots), start_deadline_s=cfg.cluster.start_deadline_s,
+        ))
+        recorder = _Recorder(store, cfg.sweep.flush_rows, cfg.sweep.flush_interval_s)
+        progress = Progress(len(todo), cfg.sweep.progress)
+
+        def on_result(job: Job, result: JobResult) -> None:
+            if recorder.add(job, result):
+                progress.update(result.evaluation.status.value)
+
+        try:
+            pool.run(todo, on_result)
+        finally:
+            recorder.flush()
+            progress.close()
+            pool.shutdown()
+            if started:
+                ray.shutdown()
+        report.recorded = len(recorder.seen)
+        report.counts = dict(progress.counts)
+        report.files = recorder.files
+        report.wall_s = time.monotonic() - t0
+        return report
+
+
+def summary_rows(store: TraceStore, sweep: str) -> list[dict]:
+    """Per (definition, solution): passed/total and geomean speedup over passed workloads."""
+    table = store.read(sweep=sweep, columns=["definition", "solution", "author", "language", "status", "speedup", "latency_ms"])
+    groups: dict[tuple[str, str], dict] = {}
+    for r in table.to_pylist():
+        g = groups.setdefault((r["definition"], r["solution"]), {
+            "definition": r["definition"], "solution": r["solution"], "author": r["author"],
+            "language": r["language"], "passed": 0, "total": 0, "_logs": [], "statuses": Counter()})
+        g["total"] += 1
+        g["statuses"][r["status"]] += 1
+        if r["status"] == EvaluationStatus.PASSED.value:
+            g["passed"] += 1
+            if r["speedup"]:
+                g["_logs"].append(math.log(r["speedup"]))
+    out = []
+    for key in sorted(groups):
+        g = groups[key]
+        logs = g.pop("_logs")
+        g["geomean_speedup"] = math.exp(sum(logs) / len(logs)) if logs else None
+        g["statuses"] = dict(g["statuses"])
+        out.append(g)
+    return out
+
+
+def format_summary(rows: list[dict]) -> str:
+    """The summary table as aligned text."""
+    header = ("definition", "solution", "author", "lang", "passed", "geomean_speedup", "statuses")
+    body = [(
+        r["definition"], r["solution"], r["author"], r["language"], f"{r['passed']}/{r['total']}",
+        f"{r['geomean_speedup']:.3f}x" if r["geomean_speedup"] else "-",
+        ", ".join(f"{k}:{v}" for k, v in sorted(r["statuses"].items())),
+    ) for r in rows]
+    widths = [max(len(h), *(len(b[i]) for b in body)) if body else len(h) for i, h in enumerate(header)]
+    fmt = "  ".join(f"{{:<{w}}}" for w in widths)
+    return "\n".join([fmt.format(*header), fmt.format(*("-" * w for w in widths)), *(fmt.format(*b) for b in body)])
