@@ -10,6 +10,7 @@ from __future__ import annotations
 import difflib
 import json
 import logging
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Optional, Sequence, TypeVar
@@ -31,11 +32,15 @@ def _where(path: Path, line: Optional[int] = None) -> str:
 
 
 def _format_validation(e: ValidationError) -> str:
+    """'field.path: message' for each error; validator messages that name a sub-field are joined."""
     parts = []
     for err in e.errors():
-        loc = ".".join(str(x) for x in err["loc"] if x not in ("function-after",))
+        loc = ".".join(str(x) for x in err["loc"])
         msg = err["msg"].removeprefix("Value error, ")
-        if loc and not msg.startswith(loc.split(".")[-1] + ":"):
+        head = msg.split(":", 1)[0]
+        if loc and re.fullmatch(r"[A-Za-z_][\w.\[\]]*", head) and ":" in msg:
+            parts.append(f"{loc}.{msg}")  # e.g. spec + 'entry_point: ...' -> spec.entry_point: ...
+        elif loc:
             parts.append(f"{loc}: {msg}")
         else:
             parts.append(msg)

@@ -71,7 +71,7 @@ class SweepSection(_Strict):
     @classmethod
     def _validate_name(cls, v: str) -> str:
         if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}", v):
-            raise ValueError(f"must be 1-128 of letters, digits, '_', '.', '-' (got {v!r})")
+            raise ValueError("must be 1-128 of letters, digits, '_', '.', '-'")
         return v
 
 
