@@ -1,0 +1,176 @@
+"""One evaluation's parts: tolerance rules, inputs, the Triton interpreter's casts, timing stats."""
+
+from __future__ import annotations
+
+import math
+import tempfile
+from pathlib import Path
+
+import pytest
+import torch
+
+from fibray.build import BuildCache, BuildError, patch_interpreter_casts
+from fibray.check import Tolerance, checker_for
+from fibray.evaluate import Evaluator, bound_log
+from fibray.inputs import BlobCache, InputError, allocate_outputs, materialize
+from fibray.schema import Definition, EvalSettings, Job, SafetensorsInput, Solution, Workload
+from fibray.timing import LatencyStats
+
+
+def test_elementwise_rule_is_atol_plus_rtol_times_ref():
+    tol = Tolerance(atol=0.125, rtol=0.125)  # binary fractions: the boundary is exact
+    ref = torch.tensor([8.0, 0.0])
+    ok = checker_for("elementwise")([torch.tensor([9.125, 0.125])], [ref], ["y"], tol)  # 1.125 <= 0.125+1.0
+    bad = checker_for("elementwise")([torch.tensor([9.25, 0.0])], [ref], ["y"], tol)
+    assert ok.ok and not bad.ok
+    assert bad.status.value == "INCORRECT_NUMERICAL" and bad.reason == "tolerance_exceeded"
+    assert bad.max_abs == 1.25 and bad.extra["matched_ratio"] == 0.5
+
+
+def test_matched_ratio_accepts_a_few_outliers_but_not_many():
+    ref = torch.zeros(100)
+    few = ref.clone(); few[:3] = 5.0
+    many = ref.clone(); many[:10] = 5.0
+    tol = Tolerance(atol=0.01, rtol=0.01, matched_ratio=0.95)
+    assert checker_for("matched_ratio")([few], [ref], ["y"], tol).ok
+    res = checker_for("matched_ratio")([many], [ref], ["y"], tol)
+    assert not res.ok and res.extra["matched_ratio"] == pytest.approx(0.90)
+
+
+@pytest.mark.parametrize("out, status, reason", [
+    (torch.zeros(3, 2), "INCORRECT_SHAPE", "wrong_shape"),
+    (torch.zeros(2, 3, dtype=torch.float64), "INCORRECT_DTYPE", "wrong_dtype"),
+    (torch.tensor([[0.0, float("nan"), 0.0]] * 2), "INCORRECT_NUMERICAL", "non_finite_output"),
+    (torch.tensor([[0.0, float("inf"), 0.0]] * 2), "INCORRECT_NUMERICAL", "non_finite_output"),
+])
+def test_structural_failures_are_classified(out, status, reason):
+    res = checker_for("elementwise")([out], [torch.zeros(2, 3)], ["y"], Tolerance(1.0, 1.0))
+    assert (res.status.value, res.reason) == (status, reason)
+
+
+def test_interpreter_casts_fp32_to_bf16_like_the_gpu():
+    """The interpreter truncates fp32->bf16; fibray's patch rounds to nearest even like a GPU."""
+    import triton
+    import triton.language as tl
+
+    patch_interpreter_casts()
+
+    @triton.jit
+    def cast(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+        offs = tl.arange(0, BLOCK)
+        tl.store(y_ptr + offs, tl.load(x_ptr + offs, mask=offs < n).to(tl.bfloat16), mask=offs < n)
+
+    # values just above a bf16 half-ULP, exact ties to even, negatives, NaN
+    x = torch.tensor([1.0 + 3 * 2**-9, 1.0 + 2**-8, 1.0 + 3 * 2**-8, -(1.0 + 3 * 2**-9), 3.14159, float("nan")])
+    y = torch.empty_like(x, dtype=torch.bfloat16)
+    cast[(1,)](x, y, x.numel(), BLOCK=8)
+    expected = x.to(torch.bfloat16)
+    assert torch.equal(y[:-1].view(torch.int16), expected[:-1].view(torch.int16))
+    assert math.isnan(float(y[-1]))
+
+
+def _def(**over) -> Definition:
+    raw = {
+        "name": "scale", "op_type": "test",
+        "axes": {"n": {"type": "var"}},
+        "inputs": {"x": {"shape": ["n"], "dtype": "float32"}, "k": {"shape": None, "dtype": "float32"}},
+        "outputs": {"y": {"shape": ["n"], "dtype": "float32"}},
+        "reference": "def run(x, k):\n    return x * k\n",
+    }
+    raw.update(over)
+    return Definition.model_validate(raw)
+
+
+def test_random_inputs_depend_on_workload_trial_and_seed_only():
+    d = _def()
+    w = Workload.model_validate({"uuid": "w1", "axes": {"n": 5}, "inputs": {"x": {"type": "random"}, "k": {"type": "scalar", "value": 2.0}}})
+    a = materialize(d, w, root=Path("."), seed=0, trial=0, device=torch.device("cpu"))
+    b = materialize(d, w, root=Path("."), seed=0, trial=0, device=torch.device("cpu"))
+    c = materialize(d, w, root=Path("."), seed=0, trial=1, device=torch.device("cpu"))
+    assert torch.equal(a[0], b[0]) and not torch.equal(a[0], c[0]) and a[1] == 2.0
+
+
+def test_safetensors_inputs_load_and_bad_keys_are_errors(tmp_path):
+    from safetensors.torch import save_file
+
+    save_file({"x": torch.arange(4, dtype=torch.float32)}, str(tmp_path / "blob.safetensors"))
+    d = _def()
+    good = Workload.model_validate({"uuid": "w", "axes": {"n": 4}, "inputs": {
+        "x": {"type": "safetensors", "path": "blob.safetensors", "tensor_key": "x"}, "k": {"type": "scalar", "value": 1}}})
+    args = materialize(d, good, root=tmp_path, seed=0, trial=0, device=torch.device("cpu"), blobs=BlobCache())
+    assert args[0].tolist() == [0, 1, 2, 3]
+    bad_key = good.model_copy(update={"inputs": {**good.inputs, "x": SafetensorsInput(path="blob.safetensors", tensor_key="y")}})
+    with pytest.raises(InputError, match="tensor_key: 'y' not in"):
+        materialize(d, bad_key, root=tmp_path, seed=0, trial=0, device=torch.device("cpu"))
+    missing = good.model_copy(update={"inputs": {**good.inputs, "x": SafetensorsInput(path="gone.safetensors", tensor_key="x")}})
+    with pytest.raises(InputError, match="not found"):
+        materialize(d, missing, root=tmp_path, seed=0, trial=0, device=torch.device("cpu"))
+    wrong_shape = Workload.model_validate({**good.model_dump(), "axes": {"n": 5}})
+    with pytest.raises(InputError, match="blob shape"):
+        materialize(d, wrong_shape, root=tmp_path, seed=0, trial=0, device=torch.device("cpu"))
+
+
+def test_destination_outputs_start_poisoned():
+    out = allocate_outputs(_def(), {"n": 4}, torch.device("cpu"))[0]
+    assert torch.isnan(out).all()
+
+
+def _solution(src: str, dps: bool, language: str = "python") -> Solution:
+    return Solution.model_validate({
+        "name": "cand", "definition": "scale", "author": "t",
+        "spec": {"language": language, "target_hardware": ["cpu"], "entry_point": "main.py::run", "destination_passing_style": dps},
+        "sources": [{"path": "main.py", "content": src}]})
+
+
+def _evaluate(src: str, dps: bool = True, **settings):
+    d = _def()
+    w = Workload.model_validate({"uuid": "w", "axes": {"n": 64}, "inputs": {"x": {"type": "random"}, "k": {"type": "scalar", "value": 3.0}}})
+    s = EvalSettings(warmup=1, iterations=3, trials=2, **settings)
+    sol = _solution(src, dps)
+    job = Job(job_id="j", sweep="t", definition=d, workload=w, solution=sol, settings=s, dataset_root=".")
+    return Evaluator(Path(tempfile.mkdtemp())).evaluate(job)
+
+
+@pytest.mark.parametrize("src, dps, status, reason", [
+    ("def run(x, k, y):\n    y.copy_(x * k)\n", True, "PASSED", None),
+    ("def run(x, k):\n    return x * k\n", False, "PASSED", None),
+    ("def run(x, k, y):\n    pass\n", True, "INCORRECT_NUMERICAL", "non_finite_output"),
+    ("def run(x, k, y):\n    y.copy_(x * k)\n    x.zero_()\n", True, "INCORRECT_NUMERICAL", "mutated_inputs"),
+    ("def run(x, k):\n    return x.mul_(k)\n", False, "INCORRECT_NUMERICAL", "mutated_inputs"),
+    ("def run(x, k):\n    return x[:]\n", False, "INCORRECT_NUMERICAL", "output_aliases_input"),
+    ("def run(x, k):\n    return x * k, x\n", False, "INCORRECT_SHAPE", "wrong_output_count"),
+    ("def run(x, k, y):\n    raise SystemExit(3)\n", True, "RUNTIME_ERROR", "system_exit"),
+    ("def run(x, k, y):\n    raise KeyboardInterrupt\n", True, "RUNTIME_ERROR", "keyboard_interrupt"),
+    ("import nonexistent_module_xyz\ndef run(x, k, y):\n    pass\n", True, "COMPILE_ERROR", "import_error"),
+    ("def helper(x):\n    return x\n", True, "COMPILE_ERROR", "missing_entry_symbol"),
+])
+def test_candidate_behaviours_map_to_status_and_reason(src, dps, status, reason):
+    ev = _evaluate(src, dps)
+    assert (ev.status.value, ev.reason) == (status, reason), ev.log[-800:]
+
+
+def test_passed_evaluation_carries_latency_statistics():
+    ev = _evaluate("def run(x, k, y):\n    y.copy_(x * k)\n")
+    p = ev.performance
+    assert p.n_samples == 6 and p.latency_ms > 0 and p.latency_p95_ms >= p.latency_ms
+    assert p.speedup_factor == pytest.approx(p.reference_latency_ms / p.latency_ms)
+    assert ev.environment.libs["torch"] == torch.__version__
+
+
+def test_failed_build_is_cached_as_a_failure(tmp_path):
+    cache = BuildCache(tmp_path)
+    sol = _solution("def run(:\n", True)
+    with pytest.raises(BuildError) as first:
+        cache.get(sol)
+    with pytest.raises(BuildError) as second:
+        cache.get(sol)
+    assert first.value is second.value and first.value.reason == "syntax_error"
+
+
+def test_latency_stats_and_log_bounds():
+    s = LatencyStats.of([1.0, 2.0, 3.0, 4.0, 100.0])
+    assert (s.median_ms, s.p95_ms, s.n) == (3.0, 100.0, 5)
+    assert s.cv == pytest.approx(math.sqrt(sum((v - 22) ** 2 for v in [1, 2, 3, 4, 100]) / 5) / 22)
+    text = "head" + "x" * 10000 + "TAIL"
+    bounded = bound_log(text, 1000)
+    assert len(bounded) <= 1000 and bounded.startswith("head") and bounded.endswith("TAIL")
