@@ -1,0 +1,187 @@
+"""Matplotlib figures of the analysis tables, drawn on the Agg canvas (no display, no pyplot).
+
+Each function takes the frames `fibray.analysis` returns and gives back a Figure; it
+never queries the store itself, so notebooks and the report draw the same pictures.
+Figures are built without pyplot, so nothing global (backend, open figures) is touched.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+from pathlib import Path
+
+import polars as pl
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+from fibray.analysis import CATEGORIES
+
+# Status category colours: green for passed, warm colours for failures.
+CATEGORY_COLORS = {
+    "passed": "#2e7d32", "compile": "#6a1b9a", "runtime": "#c62828", "numerical": "#ef6c00",
+    "shape": "#f9a825", "dtype": "#8d6e63", "timeout": "#1565c0", "other": "#9e9e9e",
+}
+
+
+def _grid(n: int, cols: int = 3, cell: tuple[float, float] = (5.2, 3.8)) -> tuple[Figure, list]:
+    cols = max(1, min(cols, n))
+    rows = max(1, math.ceil(n / cols))
+    fig = _figure((cell[0] * cols, cell[1] * rows))
+    axes = fig.subplots(rows, cols, squeeze=False)
+    flat = [ax for row in axes for ax in row]
+    for ax in flat[n:]:
+        ax.set_visible(False)
+    return fig, flat[:n]
+
+
+def _figure(size: tuple[float, float]) -> Figure:
+    fig = Figure(figsize=size)
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def _empty(message: str) -> Figure:
+    fig = _figure((6, 2))
+    ax = fig.subplots()
+    ax.axis("off")
+    ax.text(0.5, 0.5, message, ha="center", va="center")
+    return fig
+
+
+def _short(name: str, definition: str) -> str:
+    """A solution name without its definition's prefix, for legends."""
+    return name[len(definition) + 1:] if name.startswith(definition + "_") and len(name) > len(definition) + 1 else name
+
+
+def _legend_below(ax, n: int) -> None:
+    if n:
+        ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.22), ncol=2, frameon=False)
+
+
+def fast_p_figure(curve: pl.DataFrame, label: str = "solution") -> Figure:
+    """One panel per definition: fast_p against the threshold p (log axis), a line per `label`.
+
+    Lines that are zero everywhere (never passed) are left out and counted in the panel.
+    """
+    if curve.is_empty():
+        return _empty("no evaluations")
+    definitions = curve["definition"].unique().sort().to_list()
+    fig, axes = _grid(len(definitions), cell=(5.6, 5.0))
+    for ax, definition in zip(axes, definitions):
+        part = curve.filter((pl.col("definition") == definition) & (pl.col("p") > 0))
+        never = 0
+        for (name,), line in part.sort(label, "p").group_by(label, maintain_order=True):
+            if line["fast_p"].max() == 0:
+                never += 1
+                continue
+            ax.step(line["p"].to_list(), line["fast_p"].to_list(), where="post", linewidth=1.8,
+                    label=_short(str(name), definition))
+        ax.axvline(1.0, color="grey", linestyle="--", linewidth=0.8)
+        if never:
+            ax.text(0.98, 0.04, f"{never} {label}(s) never passed", transform=ax.transAxes, ha="right", fontsize=8,
+                    color="#555")
+        ax.set_xscale("log")
+        ax.set_ylim(-0.03, 1.05)
+        ax.set_title(definition, fontsize=10)
+        ax.set_xlabel("p (speedup threshold; dashed: p = 1)")
+        ax.set_ylabel("fast_p")
+        ax.grid(True, which="both", alpha=0.3)
+        _legend_below(ax, len(ax.get_lines()) - 1)
+    fig.suptitle("fast_p: share of workloads PASSED and more than p× faster than the reference")
+    fig.tight_layout()
+    return fig
+
+
+def speedup_by_axis_figure(series: pl.DataFrame, label: str = "solution") -> Figure:
+    """One panel per (definition, var axis): geomean speedup of PASSED evaluations against the axis value."""
+    if series.is_empty():
+        return _empty("no PASSED evaluations with numeric var axes")
+    panels = series.select("definition", "axis").unique().sort("definition", "axis").rows()
+    fig, axes = _grid(len(panels), cell=(5.6, 4.6))
+    for ax, (definition, axis) in zip(axes, panels):
+        part = series.filter((pl.col("definition") == definition) & (pl.col("axis") == axis)).sort("value")
+        for (name,), line in part.group_by(label, maintain_order=True):
+            ax.plot(line["value"].to_list(), line["geomean_speedup"].to_list(), marker="o",
+                    label=_short(str(name), definition))
+        ax.axhline(1.0, color="grey", linestyle="--", linewidth=0.8)
+        values = part["value"]
+        if values.min() > 0 and values.max() / values.min() >= 16:
+            ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_title(definition, fontsize=10)
+        ax.set_xlabel(axis)
+        ax.set_ylabel("speedup (geomean, log)")
+        ax.grid(True, which="both", alpha=0.3)
+        _legend_below(ax, len(part[label].unique()))
+    fig.suptitle("Speedup over the reference along each var axis (PASSED only; 1 = reference speed)")
+    fig.tight_layout()
+    return fig
+
+
+def failure_figure(taxonomy: pl.DataFrame, reasons: pl.DataFrame, by: tuple[str, ...] = ("author", "language"),
+                   top_reasons: int = 12) -> Figure:
+    """Left: share of each status category per group (stacked bars). Right: the commonest failure reasons."""
+    if taxonomy.is_empty():
+        return _empty("no evaluations")
+    fig = _figure((14, max(3.5, 0.55 * taxonomy.height + 2.4)))
+    left, right = fig.subplots(1, 2)
+    labels = [" / ".join(str(v) for v in row) for row in taxonomy.select(*by).rows()]
+    start = [0.0] * taxonomy.height
+    for cat in ["passed", *CATEGORIES.values(), "other"]:
+        shares = taxonomy[f"{cat}_share"].to_list()
+        if not any(shares):
+            continue
+        left.barh(labels, shares, left=start, color=CATEGORY_COLORS[cat], label=cat)
+        start = [s + v for s, v in zip(start, shares)]
+    left.set_xlim(0, 1)
+    left.invert_yaxis()
+    left.set_xlabel("share of evaluations")
+    left.set_title("Outcome by " + " / ".join(by))
+    left.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=4, frameon=False)
+    if reasons.is_empty():
+        right.axis("off")
+        right.text(0.5, 0.5, "no failures", ha="center", va="center")
+    else:
+        top = (reasons.group_by("category", "reason").agg(pl.col("count").sum())
+               .sort(["count", "reason"], descending=[True, False]).head(top_reasons))
+        right.barh([f"{c}: {r}" for c, r in top.select("category", "reason").rows()], top["count"].to_list(),
+                   color=[CATEGORY_COLORS.get(c, "#9e9e9e") for c in top["category"].to_list()])
+        right.invert_yaxis()
+        right.set_xlabel("failed evaluations")
+        right.set_title("Commonest failure reasons (category: reason)")
+    fig.tight_layout()
+    return fig
+
+
+def ranking_figure(ranking: pl.DataFrame, p: float) -> Figure:
+    """Authors' scores with their bootstrap intervals; tied authors share a colour band."""
+    if ranking.is_empty():
+        return _empty("no authors")
+    fig = _figure((8, max(2.5, 0.5 * ranking.height + 1.2)))
+    ax = fig.subplots()
+    names = [f"#{r} {a}" for r, a in ranking.select("rank", "author").rows()]
+    scores = ranking["score"].to_list()
+    err = [[s - lo for s, lo in zip(scores, ranking["ci_low"].to_list())],
+           [hi - s for s, hi in zip(scores, ranking["ci_high"].to_list())]]
+    ax.errorbar(scores, names, xerr=err, fmt="o", capsize=4, color="#1565c0")
+    ax.invert_yaxis()
+    ax.set_xlim(-0.03, 1.03)
+    ax.set_xlabel(f"fast_{p:g} averaged over definitions (95% bootstrap interval)")
+    ax.set_title("Authors ranked; equal rank = difference within noise")
+    ax.grid(True, axis="x", alpha=0.3)
+    fig.tight_layout()
+    return fig
+
+
+def save(fig: Figure, path: Path) -> Path:
+    """Write a figure as PNG."""
+    fig.savefig(path, dpi=110)
+    return path
+
+
+def png_bytes(fig: Figure) -> bytes:
+    """A figure as PNG bytes (notebooks show them with IPython.display.Image)."""
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110)
+    return buf.getvalue()
