@@ -169,16 +169,17 @@ class Evaluator:
                               correctness=corr, environment=self.env, timestamp=now_iso())
 
         try:
-            samples = time_calls(runnable, timed_args, warmup=s.warmup, iterations=s.iterations, device=self.device,
-                                 flush_l2=s.flush_l2, sync_device=s.sync_device)
+            timing = time_calls(runnable, timed_args, warmup=s.warmup, iterations=s.iterations, device=self.device,
+                                flush_l2=s.flush_l2, sync_device=s.sync_device)
         except Exception as e:  # a candidate that passed checks can still fail when called repeatedly
             return self._fail(Status.RUNTIME_ERROR, "failed_during_timing", _format_exc(e), s)
-        stats = LatencyStats.of(samples)
+        stats = LatencyStats.of(timing.samples_ms)
         ref_ms = self._reference_latency(job, state).median_ms if s.time_reference else 0.0
         perf = Performance(
             latency_ms=stats.median_ms, reference_latency_ms=ref_ms,
             speedup_factor=ref_ms / stats.median_ms if stats.median_ms > 0 and ref_ms > 0 else 0.0,
             latency_p95_ms=stats.p95_ms, latency_mean_ms=stats.mean_ms, latency_cv=stats.cv, n_samples=stats.n,
+            timing_mode=timing.mode,
         )
         return Evaluation(status=Status.PASSED, correctness=correctness, performance=perf, environment=self.env, timestamp=now_iso())
 
@@ -249,9 +250,9 @@ class Evaluator:
             ref = self._reference(job.definition)
             arg_sets = [clone_args(a) for a in state.inputs]
             with torch.no_grad():
-                samples = time_calls(ref, arg_sets, warmup=s.warmup, iterations=s.iterations, device=self.device,
-                                     flush_l2=s.flush_l2, sync_device=s.sync_device)
-            state.ref_stats = LatencyStats.of(samples)
+                timing = time_calls(ref, arg_sets, warmup=s.warmup, iterations=s.iterations, device=self.device,
+                                    flush_l2=s.flush_l2, sync_device=s.sync_device)
+            state.ref_stats = LatencyStats.of(timing.samples_ms)
         return state.ref_stats
 
 

@@ -17,7 +17,7 @@ DESIGNED = {
     "triton_scaled": ("INCORRECT_NUMERICAL", "tolerance_exceeded"),
     "torch_fp32_out": ("INCORRECT_DTYPE", "wrong_dtype"),
     "torch_flat": ("INCORRECT_SHAPE", "wrong_shape"),
-    "torch_transposed": ("INCORRECT_SHAPE", "wrong_shape"),
+    "torch_batched": ("INCORRECT_SHAPE", "wrong_shape"),
     "triton_syntax_error": ("COMPILE_ERROR", "syntax_error"),
     "triton_missing_arg": ("RUNTIME_ERROR", "exception"),
 }

@@ -63,6 +63,8 @@ class Performance(Model):
     """Coefficient of variation of solution latency, stdev/mean (fibray extension)."""
     n_samples: Optional[int] = None
     """Number of timed iterations behind the statistics (fibray extension)."""
+    timing_mode: Optional[str] = None
+    """wall_clock (CPU), stream_events, or device_sync when work escaped the current stream (fibray extension)."""
 
 
 class Environment(Model):

@@ -36,6 +36,7 @@ SCHEMA = pa.schema([
     ("latency_mean_ms", pa.float64()),
     ("latency_cv", pa.float64()),
     ("n_samples", pa.int64()),
+    ("timing_mode", pa.string()),        # wall_clock | stream_events | device_sync
     ("reference_latency_ms", pa.float64()),
     ("speedup", pa.float64()),
     ("hardware", pa.string()),
@@ -88,6 +89,7 @@ def to_row(job: Job, result: JobResult) -> dict[str, Any]:
         "latency_mean_ms": perf.latency_mean_ms if perf else None,
         "latency_cv": perf.latency_cv if perf else None,
         "n_samples": perf.n_samples if perf else None,
+        "timing_mode": perf.timing_mode if perf else None,
         "reference_latency_ms": perf.reference_latency_ms if perf else None,
         "speedup": perf.speedup_factor if perf else None,
         "hardware": ev.environment.hardware,
