@@ -14,6 +14,7 @@ from pathlib import Path
 import polars as pl
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
 from fibray.analysis import CATEGORIES
 
@@ -33,6 +34,13 @@ def _grid(n: int, cols: int = 3, cell: tuple[float, float] = (5.2, 3.8)) -> tupl
     for ax in flat[n:]:
         ax.set_visible(False)
     return fig, flat[:n]
+
+
+def _log_ticks(axis, suffix: str = "") -> None:
+    """Ticks at 1, 2, 5 x 10^k labelled as plain numbers (0.5x, 1x, 2x), none in between."""
+    axis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+    axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}{suffix}"))
+    axis.set_minor_formatter(NullFormatter())
 
 
 def _figure(size: tuple[float, float]) -> Figure:
@@ -82,6 +90,7 @@ def fast_p_figure(curve: pl.DataFrame, label: str = "solution") -> Figure:
             ax.text(0.98, 0.04, f"{never} {label}(s) never passed", transform=ax.transAxes, ha="right", fontsize=8,
                     color="#555")
         ax.set_xscale("log")
+        _log_ticks(ax.xaxis, "×")
         ax.set_ylim(-0.03, 1.05)
         ax.set_title(definition, fontsize=10)
         ax.set_xlabel("p (speedup threshold; dashed: p = 1)")
@@ -109,6 +118,9 @@ def speedup_by_axis_figure(series: pl.DataFrame, label: str = "solution") -> Fig
         if values.min() > 0 and values.max() / values.min() >= 16:
             ax.set_xscale("log", base=2)
         ax.set_yscale("log")
+        _log_ticks(ax.yaxis, "×")
+        speedups = part["geomean_speedup"]
+        ax.set_ylim(min(speedups.min(), 1.0) / 1.6, max(speedups.max(), 1.0) * 1.6)
         ax.set_title(definition, fontsize=10)
         ax.set_xlabel(axis)
         ax.set_ylabel("speedup (geomean, log)")
