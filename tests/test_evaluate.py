@@ -126,7 +126,7 @@ def _evaluate(src: str, dps: bool = True, **settings):
     d = _def()
     w = Workload.model_validate({"uuid": "w", "axes": {"n": 64}, "inputs": {"x": {"type": "random"}, "k": {"type": "scalar", "value": 3.0}}})
     s = EvalSettings(warmup=1, iterations=3, trials=2, **settings)
-    sol = _solution(src, dps)
+    sol = _solution("import torch\n" + src, dps)
     job = Job(job_id="j", sweep="t", definition=d, workload=w, solution=sol, settings=s, dataset_root=".")
     return Evaluator(Path(tempfile.mkdtemp())).evaluate(job)
 
@@ -136,7 +136,10 @@ def _evaluate(src: str, dps: bool = True, **settings):
     ("def run(x, k):\n    return x * k\n", False, "PASSED", None),
     ("def run(x, k, y):\n    pass\n", True, "INCORRECT_NUMERICAL", "non_finite_output"),
     ("def run(x, k, y):\n    y.copy_(x * k)\n    x.zero_()\n", True, "INCORRECT_NUMERICAL", "mutated_inputs"),
-    ("def run(x, k):\n    return x.mul_(k)\n", False, "INCORRECT_NUMERICAL", "mutated_inputs"),
+    ("def run(x, k):\n    y = x * k\n    x.add_(1)\n    return y\n", False, "INCORRECT_NUMERICAL", "mutated_inputs"),
+    ("def run(x, k):\n    return x.mul_(k)\n", False, "INCORRECT_NUMERICAL", "output_aliases_input"),
+    ("def run(x, k, y):\n    y.copy_(x * k)\n    torch.as_strided(y, (y.numel() + 8,), (1,)).fill_(0)\n", True, "INCORRECT_NUMERICAL", "out_of_bounds_write"),
+    ("_cache = {}\ndef run(x, k, y):\n    key = x.data_ptr()\n    if key not in _cache:\n        _cache[key] = x * k\n    y.copy_(_cache[key])\n", True, "INCORRECT_NUMERICAL", "stale_output"),
     ("def run(x, k):\n    return x[:]\n", False, "INCORRECT_NUMERICAL", "output_aliases_input"),
     ("def run(x, k):\n    return x * k, x\n", False, "INCORRECT_SHAPE", "wrong_output_count"),
     ("def run(x, k, y):\n    raise SystemExit(3)\n", True, "RUNTIME_ERROR", "system_exit"),

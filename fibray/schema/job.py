@@ -103,3 +103,9 @@ class JobResult(Model):
     """ISO-8601 start time."""
     finished_at: str
     """ISO-8601 end time."""
+    escalated: bool = False
+    """True when a fault in a persistent executor sent the job to a fresh process."""
+    network_isolated: Optional[bool] = None
+    """Whether the candidate ran without network (Linux network namespace)."""
+    privileges_dropped: Optional[bool] = None
+    """Whether the candidate ran as an unprivileged user."""

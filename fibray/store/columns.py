@@ -50,6 +50,9 @@ SCHEMA = pa.schema([
     ("worker", pa.string()),
     ("isolation", pa.string()),
     ("attempt", pa.int64()),
+    ("escalated", pa.bool_()),           # re-run in a fresh process after a fault
+    ("network_isolated", pa.bool_()),    # candidate ran without network
+    ("privileges_dropped", pa.bool_()),  # candidate ran as an unprivileged user
     ("started_at", pa.timestamp("us", tz="UTC")),
     ("finished_at", pa.timestamp("us", tz="UTC")),
     ("evaluation_timestamp", pa.string()),
@@ -103,6 +106,9 @@ def to_row(job: Job, result: JobResult) -> dict[str, Any]:
         "worker": result.worker,
         "isolation": result.isolation,
         "attempt": result.attempt,
+        "escalated": result.escalated,
+        "network_isolated": result.network_isolated,
+        "privileges_dropped": result.privileges_dropped,
         "started_at": datetime.fromisoformat(result.started_at),
         "finished_at": datetime.fromisoformat(result.finished_at),
         "evaluation_timestamp": ev.timestamp,

@@ -6,7 +6,7 @@ An unknown key or a bad value is one ConfigError naming the key (e.g. `eval.tria
 from __future__ import annotations
 
 import re
-from typing import Any, Optional
+from typing import Any, Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
@@ -57,6 +57,32 @@ class ClusterConfig(_Strict):
     """Forward worker (candidate) stdout/stderr to the driver's console."""
 
 
+class RunnerConfig(_Strict):
+    isolation: Literal["auto", "persistent", "isolated"] = "auto"
+    """auto: persistent executors, a faulty job re-run in a fresh process; persistent: never escalate;
+    isolated: a fresh process for every job."""
+    quarantine_after: int = Field(default=3, ge=1)
+    """Faults (hang, crash, poisoned context) before a solution is quarantined for the rest of the sweep."""
+    max_attempts: int = Field(default=3, ge=1)
+    """Runs of a job whose worker slot was lost (node or actor death) before it is recorded as worker_lost."""
+    standby: bool = True
+    """Keep a warm standby executor per GPU that takes over at once."""
+    spare_isolated: int = Field(default=1, ge=0)
+    """Pre-warmed single-use executors per GPU for fresh-process isolation."""
+    workdir: Optional[str] = None
+    """Where slots create private executor directories; null: the system temp dir."""
+    isolate_network: bool = True
+    """Run candidates in a new network namespace where the OS allows it (root)."""
+    drop_privileges: bool = True
+    """Run candidates as an unprivileged user when running as root and the interpreter allows it."""
+    memory_limit_gb: Optional[float] = Field(default=16.0, gt=0)
+    """Address-space limit of a CPU executor, GiB (not applied on GPUs: CUDA maps huge address ranges)."""
+    max_open_files: int = Field(default=4096, ge=64)
+    """Open-file limit of an executor."""
+    max_processes: int = Field(default=4096, ge=16)
+    """Process limit of an executor (per user; not enforced for root)."""
+
+
 class SweepSection(_Strict):
     name: str = "default"
     """Sweep name: a store partition; rerunning the same name resumes it."""
@@ -82,6 +108,7 @@ class SweepConfig(_Strict):
     cluster: ClusterConfig = Field(default_factory=ClusterConfig)
     sweep: SweepSection = Field(default_factory=SweepSection)
     eval: EvalSettings = Field(default_factory=EvalSettings)
+    runner: RunnerConfig = Field(default_factory=RunnerConfig)
 
 
 def validate_config(raw: dict[str, Any]) -> SweepConfig:

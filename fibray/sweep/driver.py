@@ -78,6 +78,7 @@ class SweepReport:
     counts: dict[str, int] = field(default_factory=dict)
     wall_s: float = 0.0
     files: list[Path] = field(default_factory=list)
+    slot_stats: list[dict] = field(default_factory=list)
 
 
 class _Recorder:
@@ -158,8 +159,14 @@ def run_sweep(cfg: SweepConfig) -> SweepReport:
 
         slots, started = _init_ray(cfg)
         cpus = int(ray.cluster_resources().get("CPU", os.cpu_count() or 1))
+        r = cfg.runner
         pool = WorkerPool(PoolOptions(
             num_slots=slots, torch_threads=max(1, cpus // slots), start_deadline_s=cfg.cluster.start_deadline_s,
+            isolation=r.isolation, quarantine_after=r.quarantine_after, max_attempts=r.max_attempts,
+            standby=r.standby, spare_isolated=r.spare_isolated, workdir=r.workdir,
+            sandbox={"isolate_network": r.isolate_network, "drop_privileges": r.drop_privileges,
+                     "memory_limit_bytes": int(r.memory_limit_gb * (1 << 30)) if r.memory_limit_gb else None,
+                     "max_open_files": r.max_open_files, "max_processes": r.max_processes},
         ))
         recorder = _Recorder(store, cfg.sweep.flush_rows, cfg.sweep.flush_interval_s)
         progress = Progress(len(todo), cfg.sweep.progress)
@@ -170,6 +177,7 @@ def run_sweep(cfg: SweepConfig) -> SweepReport:
 
         try:
             pool.run(todo, on_result)
+            report.slot_stats = pool.slot_stats()
         finally:
             recorder.flush()
             progress.close()

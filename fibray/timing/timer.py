@@ -17,6 +17,13 @@ from typing import Any, Callable, Sequence
 
 import torch
 
+# Captured at import, before candidate code can replace them in this process.
+_perf_counter_ns = time.perf_counter_ns
+_Event = torch.cuda.Event
+_record = torch.cuda.Event.record
+_elapsed = torch.cuda.Event.elapsed_time
+_synchronize = torch.cuda.synchronize
+
 _L2_FLUSH_BYTES = 256 * 1024 * 1024  # above any current GPU's L2 (H200: 60 MB)
 _flush_buffers: dict[int, torch.Tensor] = {}
 
@@ -61,30 +68,30 @@ def time_calls(
         if before_each is not None:
             before_each(i)
         args = arg_sets[i % n]
-        t0 = time.perf_counter_ns()
+        t0 = _perf_counter_ns()
         fn(*args)
-        samples.append((time.perf_counter_ns() - t0) / 1e6)
+        samples.append((_perf_counter_ns() - t0) / 1e6)
     return Timing(samples, "wall_clock")
 
 
 def _event_pass(fn, arg_sets, total, flush, device_sync, before_each) -> list[float]:
     n = len(arg_sets)
-    starts = [torch.cuda.Event(enable_timing=True) for _ in range(total)]
-    ends = [torch.cuda.Event(enable_timing=True) for _ in range(total)]
+    starts = [_Event(enable_timing=True) for _ in range(total)]
+    ends = [_Event(enable_timing=True) for _ in range(total)]
     for i in range(total):
         if before_each is not None:
             before_each(i)
         if flush is not None:
             flush.zero_()
-        starts[i].record()
+        _record(starts[i])
         fn(*arg_sets[i % n])
         if device_sync:
-            torch.cuda.synchronize()
-        ends[i].record()
+            _synchronize()
+        _record(ends[i])
         if device_sync:
-            torch.cuda.synchronize()
-    torch.cuda.synchronize()
-    return [s.elapsed_time(e) for s, e in zip(starts, ends)]
+            _synchronize()
+    _synchronize()
+    return [_elapsed(s, e) for s, e in zip(starts, ends)]
 
 
 def _noop(*_: Any) -> None:
@@ -96,7 +103,7 @@ def _time_cuda(fn, arg_sets, warmup, total, device, flush_l2, sync_device, befor
     with torch.cuda.device(device):
         for i in range(warmup):
             fn(*arg_sets[i % n])
-        torch.cuda.synchronize()
+        _synchronize()
         flush = _flush_buffer(device) if flush_l2 else None
         stream = _event_pass(fn, arg_sets, total, flush, False, before_each)
         if not sync_device:

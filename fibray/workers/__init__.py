@@ -1,6 +1,8 @@
-"""Workers: GPU actors and the pool of GPU slots that the sweep driver schedules on."""
+"""Workers: GPU slots (Ray actors) supervising sandboxed candidate executors, and the pool
+that schedules jobs on them."""
 
-from fibray.workers.actor import GpuWorker, RemoteGpuWorker
-from fibray.workers.pool import Slot, WorkerPool
+from fibray.workers.pool import FAULT_REASONS, PoolOptions, Slot, WorkerPool, WorkerStartError
+from fibray.workers.sandbox import SandboxPolicy
+from fibray.workers.slot import GpuSlot
 
-__all__ = ["GpuWorker", "RemoteGpuWorker", "Slot", "WorkerPool"]
+__all__ = ["FAULT_REASONS", "GpuSlot", "PoolOptions", "SandboxPolicy", "Slot", "WorkerPool", "WorkerStartError"]

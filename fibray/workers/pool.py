@@ -1,15 +1,18 @@
 """GPU slots and the scheduling loop that keeps them busy, with deadlines on every wait.
 
-One slot per GPU holds one actor. A job goes through `build` (build deadline) and `run`
-(run deadline). An actor that misses a deadline is killed and replaced; an actor that
-dies is replaced. Jobs are grouped by workload so a slot reuses its inputs and reference.
+One slot (a Ray actor owning one GPU) runs one job at a time; its supervisor escalates
+faulty jobs to fresh processes itself. Here, on the driver: a solution that faulted runs
+isolated for the rest of the sweep and is quarantined after K faults (each remaining job
+still gets a record); a slot that dies or stops answering is replaced and its job re-run
+(the store, not this loop, guarantees a job is recorded once). Jobs are grouped by
+workload so a slot reuses its inputs and reference outputs.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections import OrderedDict, deque
+from collections import Counter, OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Optional
 
@@ -17,19 +20,42 @@ import ray
 from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 
 from fibray.schema import Environment, Evaluation, EvaluationStatus, Job, JobResult
-from fibray.workers.actor import RemoteGpuWorker
+from fibray.workers.slot import GpuSlot
 
 log = logging.getLogger(__name__)
 
+RemoteGpuSlot = ray.remote(GpuSlot)
+FAULT_REASONS = {"build_timeout", "run_timeout", "crashed", "killed_by_signal", "illegal_memory_access",
+                 "device_assert", "cuda_error", "executor_error", "sandbox_failed"}
+
 
 class WorkerStartError(RuntimeError):
-    """No worker could be started within the deadline."""
+    """No worker slot could be started within the deadline."""
 
 
 def _now() -> str:
     from fibray.evaluate import now_iso
 
     return now_iso()
+
+
+@dataclass
+class PoolOptions:
+    """How many slots, and how they treat candidates."""
+
+    num_slots: int
+    num_gpus_per_slot: float = 1.0
+    num_cpus_per_slot: float = 0.0
+    torch_threads: Optional[int] = None
+    workdir: Optional[str] = None
+    start_deadline_s: float = 180.0
+    poll_s: float = 0.5
+    isolation: str = "auto"          # auto | persistent | isolated
+    quarantine_after: int = 3        # faults before a solution is quarantined
+    max_attempts: int = 3            # re-runs of a job whose slot was lost
+    standby: bool = True
+    spare_isolated: int = 1
+    sandbox: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -40,50 +66,40 @@ class Slot:
     actor: Any = None
     generation: int = 0
     info: Optional[dict] = None
-    phase: Optional[str] = None  # start | build | run | None (idle)
+    phase: Optional[str] = None  # start | run | None (idle) | dead
     ref: Any = None
     deadline: float = 0.0
     job: Optional[Job] = None
     started_at: str = ""
-    built: set[str] = field(default_factory=set)
     group: Any = None
 
 
-@dataclass
-class PoolOptions:
-    num_slots: int
-    num_gpus_per_actor: float = 1.0
-    num_cpus_per_actor: float = 0.0
-    torch_threads: Optional[int] = None
-    workdir: Optional[str] = None
-    start_deadline_s: float = 180.0
-    poll_s: float = 0.5
-
-
 class WorkerPool:
-    """Runs jobs on GPU slots; calls on_result(job, result) for every job, exactly once per call."""
+    """Runs jobs on GPU slots; calls on_result(job, result) once per finished job."""
 
     def __init__(self, options: PoolOptions) -> None:
         self.opt = options
         self.slots = [Slot(i) for i in range(options.num_slots)]
-        self.replacements = 0
+        self.faults: Counter[str] = Counter()
+        self.isolated: set[str] = set()
+        self.quarantined: dict[str, EvaluationStatus] = {}
+        self.counters: Counter[str] = Counter()
 
-    # -- actors ------------------------------------------------------------------------
+    # -- slots -----------------------------------------------------------------------------
     def _spawn(self, slot: Slot) -> None:
         slot.generation += 1
-        slot.actor = RemoteGpuWorker.options(
-            num_gpus=self.opt.num_gpus_per_actor, num_cpus=self.opt.num_cpus_per_actor, max_restarts=0,
-            max_concurrency=1,
-        ).remote(f"gpu{slot.index}.{slot.generation}", self.opt.workdir, self.opt.torch_threads)
+        slot.actor = RemoteGpuSlot.options(
+            num_gpus=self.opt.num_gpus_per_slot, num_cpus=self.opt.num_cpus_per_slot, max_restarts=0,
+        ).remote(f"gpu{slot.index}.{slot.generation}", self.opt.sandbox, self.opt.workdir, self.opt.torch_threads,
+                 self.opt.standby, self.opt.spare_isolated if self.opt.isolation != "persistent" else 0)
         slot.phase, slot.ref, slot.job = "start", slot.actor.info.remote(), None
         slot.deadline = time.monotonic() + self.opt.start_deadline_s
-        slot.built = set()
 
-    def _retire(self, slot: Slot) -> None:
+    def _replace(self, slot: Slot) -> None:
         if slot.actor is not None:
             ray.kill(slot.actor, no_restart=True)
         slot.actor = None
-        self.replacements += 1
+        self.counters["slot_restarts"] += 1
         self._spawn(slot)
 
     def start(self) -> None:
@@ -91,38 +107,52 @@ class WorkerPool:
             self._spawn(slot)
 
     def shutdown(self) -> None:
-        for slot in self.slots:
-            if slot.actor is not None:
-                ray.kill(slot.actor, no_restart=True)
-                slot.actor = None
+        refs = [s.actor.shutdown.remote() for s in self.slots if s.actor is not None and s.phase != "dead"]
+        try:
+            ray.wait(refs, num_returns=len(refs), timeout=30)
+        finally:
+            for slot in self.slots:
+                if slot.actor is not None:
+                    ray.kill(slot.actor, no_restart=True)
+                    slot.actor = None
 
-    # -- scheduling ----------------------------------------------------------------------
+    def slot_stats(self) -> list[dict]:
+        live = [s for s in self.slots if s.actor is not None and s.phase not in ("dead", "start")]
+        return ray.get([s.actor.stats.remote() for s in live], timeout=30) if live else []
+
+    # -- scheduling ------------------------------------------------------------------------
     def run(self, jobs: Iterable[Job], on_result: Callable[[Job, JobResult], None],
             group_of: Callable[[Job], Any] = lambda j: (j.definition.name, j.workload.uuid)) -> None:
         """Run every job to a result; returns when all are recorded."""
         groups: OrderedDict[Any, deque[Job]] = OrderedDict()
         for job in jobs:
             groups.setdefault(group_of(job), deque()).append(job)
-        if not self.slots[0].actor:
+        if not any(s.actor for s in self.slots):
             self.start()
-        while groups or any(s.phase in ("build", "run") for s in self.slots):
+        while groups or any(s.phase == "run" for s in self.slots):
             for slot in self.slots:
-                if slot.phase is None and groups:
-                    self._dispatch(slot, self._next_job(slot, groups))
+                while slot.phase is None and groups:
+                    job = self._next_job(slot, groups)
+                    if job.solution.hash in self.quarantined:
+                        on_result(job, self._quarantine_verdict(slot, job))
+                        continue
+                    self._dispatch(slot, job)
             refs = {s.ref: s for s in self.slots if s.ref is not None}
             if not refs:
-                raise WorkerStartError("no worker slot is alive")
+                if groups and all(s.phase == "dead" for s in self.slots):
+                    raise WorkerStartError("no worker slot could be started; see the log for each slot's error")
+                continue
             timeout = max(0.01, min(min(s.deadline for s in refs.values()) - time.monotonic(), self.opt.poll_s))
             ready, _ = ray.wait(list(refs), num_returns=1, timeout=timeout)
             for ref in ready:
-                self._complete(refs[ref], on_result)
+                self._complete(refs[ref], on_result, groups)
             now = time.monotonic()
             for slot in self.slots:
                 if slot.ref is not None and now > slot.deadline:
-                    self._expire(slot, on_result)
+                    self._expire(slot, groups)
 
     def _next_job(self, slot: Slot, groups: OrderedDict[Any, deque[Job]]) -> Job:
-        busy = {s.group for s in self.slots if s is not slot and s.phase in ("build", "run")}
+        busy = {s.group for s in self.slots if s is not slot and s.phase == "run"}
         key = slot.group if slot.group in groups else next((k for k in groups if k not in busy), None)
         if key is None:
             key = max(groups, key=lambda k: len(groups[k]))
@@ -133,64 +163,96 @@ class WorkerPool:
         slot.group = key
         return job
 
+    def _mode(self, job: Job) -> str:
+        if self.opt.isolation == "isolated" or job.solution.hash in self.isolated:
+            return "isolated"
+        return self.opt.isolation
+
     def _dispatch(self, slot: Slot, job: Job) -> None:
-        slot.job, slot.started_at = job, _now()
-        if job.solution.hash in slot.built:
-            self._submit_run(slot)
-        else:
-            slot.phase, slot.ref = "build", slot.actor.build.remote(job)
-            slot.deadline = time.monotonic() + job.settings.build_deadline_s
+        mode = self._mode(job)
+        s = job.settings
+        budget = s.build_deadline_s + s.run_deadline_s
+        slot.job, slot.started_at, slot.phase = job, _now(), "run"
+        slot.ref = slot.actor.evaluate.remote(job, mode, slot.started_at)
+        # the supervisor enforces the real deadlines; this one only catches a supervisor that hangs
+        slot.deadline = time.monotonic() + (2 * budget if mode == "auto" else budget) + self.opt.start_deadline_s
 
-    def _submit_run(self, slot: Slot) -> None:
-        slot.phase, slot.ref = "run", slot.actor.run.remote(slot.job, slot.started_at)
-        slot.deadline = time.monotonic() + slot.job.settings.run_deadline_s
+    def _requeue(self, job: Job, groups, why: str, slot: Slot, on_result=None) -> None:
+        if job.attempt >= self.opt.max_attempts:
+            if on_result is not None:
+                on_result(job, self._verdict(slot, job, EvaluationStatus.RUNTIME_ERROR, "worker_lost",
+                                             f"worker lost {job.attempt} times ({why}); giving up"))
+            return
+        retry = job.model_copy(update={"attempt": job.attempt + 1})
+        groups.setdefault(("retry", job.job_id), deque()).appendleft(retry)
+        groups.move_to_end(("retry", job.job_id), last=False)
+        self.counters["requeued"] += 1
+        log.warning("slot gpu%d lost (%s); job %s requeued (attempt %d)", slot.index, why, job.job_id[:12], retry.attempt)
 
-    def _complete(self, slot: Slot, on_result) -> None:
+    def _complete(self, slot: Slot, on_result, groups) -> None:
         phase, job, ref = slot.phase, slot.job, slot.ref
         slot.ref = None
         try:
             value = ray.get(ref, timeout=10)
-        except RayActorError as e:
-            if phase == "start":
-                raise WorkerStartError(f"worker gpu{slot.index} failed to start: {e}") from e
-            self._finish(slot, job, self._verdict(slot, job, EvaluationStatus.RUNTIME_ERROR, "crashed",
-                                                  f"worker process died during {phase}: {e}"), on_result)
-            self._retire(slot)
-            return
-        except RayTaskError as e:  # a bug in fibray's worker code, not the candidate's
-            raise RuntimeError(f"worker gpu{slot.index} raised during {phase}: {e}") from e
         except GetTimeoutError:
             slot.ref = ref
             return
+        except RayActorError as e:
+            if phase == "start":
+                self._start_failed(slot, f"actor died while starting: {e}")
+                return
+            self._requeue(job, groups, f"actor died: {type(e).__name__}", slot, on_result)
+            slot.phase, slot.job = None, None
+            self._replace(slot)
+            return
+        except RayTaskError as e:
+            if phase == "start":
+                self._start_failed(slot, str(e))
+                return
+            raise RuntimeError(f"slot gpu{slot.index} raised during a job (a fibray bug): {e}") from e
         if phase == "start":
             slot.info, slot.phase = value, None
-            log.info("worker %s ready on %s", value["name"], value["device"])
-        elif phase == "build":
-            slot.built.add(job.solution.hash)
-            self._submit_run(slot)
-        else:
-            self._finish(slot, job, value, on_result)
+            log.info("slot %s ready on %s (network isolated: %s, unprivileged: %s)", value["name"], value["device"],
+                     value["network_isolated"], value["privileges_dropped"])
+            return
+        slot.phase, slot.job = None, None
+        self._account(job, value)
+        on_result(job, value)
 
-    def _expire(self, slot: Slot, on_result) -> None:
-        phase, job = slot.phase, slot.job
-        if phase == "start":
-            raise WorkerStartError(f"worker gpu{slot.index} did not start within {self.opt.start_deadline_s}s")
-        limit = job.settings.build_deadline_s if phase == "build" else job.settings.run_deadline_s
-        result = self._verdict(slot, job, EvaluationStatus.TIMEOUT, f"{phase}_timeout",
-                               f"{phase} did not finish within its deadline of {limit}s; worker killed")
-        slot.ref = None
-        self._retire(slot)
-        self._finish(slot, job, result, on_result, keep_phase=True)
+    def _account(self, job: Job, result: JobResult) -> None:
+        ev = result.evaluation
+        if result.escalated or (ev.reason in FAULT_REASONS):
+            h = job.solution.hash
+            self.isolated.add(h)
+            self.faults[h] += 1
+            if self.faults[h] >= self.opt.quarantine_after and h not in self.quarantined:
+                self.quarantined[h] = ev.status if ev.status == EvaluationStatus.TIMEOUT else EvaluationStatus.RUNTIME_ERROR
+                log.warning("solution %s quarantined after %d faults", job.solution.name, self.faults[h])
 
-    def _finish(self, slot: Slot, job: Job, result: JobResult, on_result, keep_phase: bool = False) -> None:
-        if not keep_phase:
-            slot.phase = None
-        slot.job = None
-        on_result(job, result)
+    def _start_failed(self, slot: Slot, why: str) -> None:
+        log.error("slot gpu%d could not start: %s", slot.index, why)
+        if slot.actor is not None:
+            ray.kill(slot.actor, no_restart=True)
+        slot.actor, slot.phase, slot.ref = None, "dead", None
+
+    def _expire(self, slot: Slot, groups) -> None:
+        if slot.phase == "start":
+            self._start_failed(slot, f"not ready within {self.opt.start_deadline_s}s")
+            return
+        job = slot.job
+        slot.ref, slot.phase, slot.job = None, None, None
+        self._requeue(job, groups, "supervisor did not answer within its deadline", slot)
+        self._replace(slot)
+
+    def _quarantine_verdict(self, slot: Slot, job: Job) -> JobResult:
+        status = self.quarantined[job.solution.hash]
+        return self._verdict(slot, job, status, "quarantined",
+                             f"solution quarantined after {self.faults[job.solution.hash]} faults; not run")
 
     def _verdict(self, slot: Slot, job: Job, status: EvaluationStatus, reason: str, log_text: str) -> JobResult:
         env = Environment.model_validate(slot.info["environment"]) if slot.info else Environment(hardware="unknown")
         ev = Evaluation(status=status, reason=reason, log=log_text, environment=env, timestamp=_now())
         worker = slot.info["name"] if slot.info else f"gpu{slot.index}"
-        return JobResult(job_id=job.job_id, evaluation=ev, worker=worker, attempt=job.attempt,
-                         started_at=slot.started_at, finished_at=_now())
+        now = _now()
+        return JobResult(job_id=job.job_id, evaluation=ev, worker=worker, isolation="none", attempt=job.attempt,
+                         started_at=now, finished_at=now)

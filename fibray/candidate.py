@@ -1,0 +1,272 @@
+"""The candidate side of an evaluation: build, call on each trial's inputs, time, re-check.
+
+This module runs in the process that executes untrusted code. It never sees a reference
+output and never decides a verdict: it returns what the candidate produced (outputs, its
+inputs after the call, guard-byte and aliasing facts) for the judge to check elsewhere.
+Functions it relies on are captured at import, before any candidate code can patch them.
+"""
+
+from __future__ import annotations
+
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+
+from fibray.build import BuildCache, BuildError, Runnable
+from fibray.inputs import BlobCache, materialize, torch_dtype
+from fibray.schema import Definition, Job
+from fibray.timing import Timing, time_calls
+
+_equal = torch.equal
+_storage = torch.Tensor.untyped_storage
+_storage_ptr = torch.UntypedStorage.data_ptr
+_storage_nbytes = torch.UntypedStorage.nbytes
+_sync = torch.cuda.synchronize
+_isinstance = isinstance
+_GUARD_BYTES = 4096
+_GUARD_PATTERN = 0xA5
+_TIMING_BUDGET_BYTES = 1 << 30  # distinct input sets kept for timing, at most
+
+
+@dataclass
+class CandidateFailure:
+    """The candidate raised or misbehaved in a way its own process can tell."""
+
+    status: str
+    reason: str
+    log: str
+
+
+@dataclass
+class TrialOutput:
+    """What one call produced, for the judge."""
+
+    outputs: list[Any] = field(default_factory=list)
+    inputs_after: list[Any] = field(default_factory=list)
+    failure: Optional[CandidateFailure] = None
+
+
+def classify_exception(e: BaseException) -> tuple[str, str]:
+    """(status, reason) for an exception a candidate raised."""
+    if _isinstance(e, SystemExit):
+        return "RUNTIME_ERROR", "system_exit"
+    if _isinstance(e, KeyboardInterrupt):
+        return "RUNTIME_ERROR", "keyboard_interrupt"
+    if _isinstance(e, (MemoryError, torch.cuda.OutOfMemoryError)):
+        return "RUNTIME_ERROR", "out_of_memory"
+    chain, cur = [], e
+    while cur is not None and len(chain) < 8:
+        chain.append(cur)
+        cur = cur.__cause__ or cur.__context__
+    names = {type(x).__name__ for x in chain}
+    text = " ".join(str(x) for x in chain).lower()
+    if "CompilationError" in names or _raised_in_triton_frontend(chain):
+        return "COMPILE_ERROR", "triton_compile_error"
+    if "out of memory" in text or "can't allocate memory" in text or "cannot allocate memory" in text:
+        return "RUNTIME_ERROR", "out_of_memory"
+    if "illegal memory access" in text or "misaligned address" in text:
+        return "RUNTIME_ERROR", "illegal_memory_access"
+    if "device-side assert" in text:
+        return "RUNTIME_ERROR", "device_assert"
+    if "cuda error" in text or "acceleratorerror" in text.replace(" ", ""):
+        return "RUNTIME_ERROR", "cuda_error"
+    return "RUNTIME_ERROR", "exception"
+
+
+def _raised_in_triton_frontend(chain: list[BaseException]) -> bool:
+    """A Triton semantic error (raised inside triton.language while tracing the kernel)."""
+    for exc in chain:
+        tb = exc.__traceback__
+        last = None
+        while tb is not None:
+            last = tb.tb_frame.f_code.co_filename
+            tb = tb.tb_next
+        if last and "/triton/language/" in last and "InterpreterError" in {type(x).__name__ for x in chain}:
+            return True
+    return False
+
+
+POISONING_REASONS = {"illegal_memory_access", "device_assert", "cuda_error"}
+
+
+def _overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
+    if a.device != b.device:
+        return False
+    sa, sb = _storage(a), _storage(b)
+    a0, b0 = _storage_ptr(sa), _storage_ptr(sb)
+    return a0 < b0 + _storage_nbytes(sb) and b0 < a0 + _storage_nbytes(sa)
+
+
+class _Guarded:
+    """Destination buffers with guard bytes on both sides and a poisoned (NaN/max) body."""
+
+    def __init__(self, definition: Definition, axes: dict[str, int], device: torch.device) -> None:
+        self.buffers: list[torch.Tensor] = []
+        self.outputs: list[torch.Tensor] = []
+        for spec in definition.outputs.values():
+            dtype = torch_dtype(spec.dtype)
+            shape = definition.shape_of(spec, axes) or ()
+            numel = 1
+            for d in shape:
+                numel *= d
+            item = torch.empty((), dtype=dtype).element_size()
+            g = _GUARD_BYTES // item
+            buf = torch.empty(numel + 2 * g, dtype=dtype, device=device)
+            raw = buf.view(torch.uint8)
+            raw.fill_(_GUARD_PATTERN)
+            out = buf[g:g + numel].view(shape)
+            if dtype.is_floating_point and item >= 2:
+                out.fill_(float("nan"))
+            elif dtype is torch.bool:
+                out.fill_(True)
+            elif not dtype.is_floating_point:
+                out.fill_(torch.iinfo(dtype).max)
+            self.buffers.append(buf)
+            self.outputs.append(out)
+
+    def intact(self) -> bool:
+        for buf, out in zip(self.buffers, self.outputs):
+            raw = buf.view(torch.uint8)
+            g = _GUARD_BYTES
+            expected = torch.full((g,), _GUARD_PATTERN, dtype=torch.uint8, device=buf.device)
+            if not (_equal(raw[:g], expected) and _equal(raw[raw.numel() - g:], expected)):
+                return False
+        return True
+
+
+def normalize_outputs(result: Any, definition: Definition) -> list[Any]:
+    """Turn a value-returning result (tensor, tuple, list, dict, scalar) into outputs in order."""
+    names = list(definition.outputs)
+    if _isinstance(result, dict):
+        missing = [n for n in names if n not in result]
+        if missing:
+            raise WrongOutputs(f"returned dict lacks outputs {missing}")
+        return [result[n] for n in names]
+    if _isinstance(result, (tuple, list)):
+        if len(result) != len(names):
+            raise WrongOutputs(f"returned {len(result)} values, definition has {len(names)} outputs {names}")
+        return list(result)
+    if len(names) != 1:
+        raise WrongOutputs(f"returned one value, definition has {len(names)} outputs {names}")
+    if _isinstance(result, (bool, int, float)):
+        return [torch.tensor(result, dtype=torch_dtype(definition.outputs[names[0]].dtype))]
+    return [result]
+
+
+class WrongOutputs(Exception):
+    """A value-returning candidate returned the wrong number or kind of outputs."""
+
+
+def _format_exc(e: BaseException) -> str:
+    return "".join(traceback.format_exception(e))
+
+
+class CandidateRunner:
+    """Runs one candidate's calls in this process and reports facts, not verdicts."""
+
+    def __init__(self, workdir: Path, device: torch.device) -> None:
+        self.device = device
+        self.builds = BuildCache(Path(workdir) / "builds")
+        self.blobs = BlobCache()
+        self._sets: dict[str, list[list[Any]]] = {}
+
+    def build(self, job: Job) -> Optional[BuildError]:
+        try:
+            self.builds.get(job.solution)
+            return None
+        except BuildError as e:
+            return e
+
+    def _inputs(self, job: Job, trial: int) -> list[Any]:
+        return materialize(job.definition, job.workload, root=Path(job.dataset_root), seed=job.settings.seed,
+                           trial=trial, device=self.device, blobs=self.blobs)
+
+    def call(self, runnable: Runnable, job: Job, args: list[Any]) -> TrialOutput:
+        """Call the candidate once on args (kept alive by the caller)."""
+        try:
+            with torch.no_grad():
+                if runnable.destination_passing_style:
+                    guarded = _Guarded(job.definition, job.workload.axes, self.device)
+                    runnable(*args, *guarded.outputs)
+                    outputs = guarded.outputs
+                else:
+                    guarded = None
+                    outputs = normalize_outputs(runnable(*args), job.definition)
+            if self.device.type == "cuda":
+                _sync(self.device)
+        except WrongOutputs as e:
+            return TrialOutput(failure=CandidateFailure("INCORRECT_SHAPE", "wrong_output_count", str(e)))
+        except BaseException as e:  # the candidate may raise anything, SystemExit included
+            status, reason = classify_exception(e)
+            return TrialOutput(failure=CandidateFailure(status, reason, _format_exc(e)))
+        if guarded is not None and not guarded.intact():
+            return TrialOutput(failure=CandidateFailure("INCORRECT_NUMERICAL", "out_of_bounds_write",
+                                                        "bytes around an output buffer were overwritten"))
+        names = list(job.definition.outputs)
+        for name, out in zip(names, outputs):
+            if _isinstance(out, torch.Tensor) and out.numel() and any(
+                _isinstance(a, torch.Tensor) and a.numel() and _overlaps(out, a) for a in args
+            ):
+                return TrialOutput(failure=CandidateFailure("INCORRECT_NUMERICAL", "output_aliases_input",
+                                                            f"output {name!r} shares memory with an input"))
+        return TrialOutput(outputs=list(outputs), inputs_after=list(args))
+
+    def trial(self, job: Job, trial: int) -> TrialOutput:
+        """Fresh inputs for this trial (kept for timing), one call."""
+        try:
+            runnable = self.builds.get(job.solution)
+        except BuildError as e:
+            return TrialOutput(failure=CandidateFailure("COMPILE_ERROR", e.reason, str(e)))
+        args = self._inputs(job, trial)
+        self._sets.setdefault(job.job_id, []).append(args)
+        return self.call(runnable, job, args)
+
+    def time(self, job: Job) -> Timing:
+        """Time the candidate over rotating input sets; every timed call sees inputs it has not seen."""
+        runnable = self.builds.get(job.solution)
+        s = job.settings
+        sets = self._sets.get(job.job_id) or [self._inputs(job, 0)]
+        per_set = sum(a.numel() * a.element_size() for a in sets[0] if _isinstance(a, torch.Tensor)) or 1
+        extra = min(s.iterations * len(sets) - len(sets), _TIMING_BUDGET_BYTES // per_set - len(sets))
+        base = s.trials + 1  # trial indices past the checked ones and the re-check
+        arg_sets = [list(a) for a in sets] + [self._inputs(job, base + i) for i in range(max(0, extra))]
+        floats = [[a for a in args if _isinstance(a, torch.Tensor) and a.is_floating_point() and a.numel()] for args in arg_sets]
+
+        def before_each(i: int) -> None:
+            # once the distinct sets are used up, make each revisited set new content again
+            if i >= len(arg_sets):
+                for t in floats[i % len(arg_sets)]:
+                    flat = t.view(-1)
+                    flat[(i * 7919) % flat.numel()] += 1.0
+                    flat[0] += 1.0
+
+        dps = runnable.destination_passing_style
+        if dps:
+            outs = [_Guarded(job.definition, job.workload.axes, self.device).outputs for _ in arg_sets]
+            arg_sets = [[*a, *o] for a, o in zip(arg_sets, outs)]
+        with torch.no_grad():
+            return time_calls(runnable, arg_sets, warmup=s.warmup, iterations=max(1, s.iterations * len(sets) // len(arg_sets)),
+                              device=self.device, flush_l2=s.flush_l2, sync_device=s.sync_device, before_each=before_each)
+
+    def recheck(self, job: Job) -> TrialOutput:
+        """Write a fresh trial's values into the first input buffers in place and call again:
+        a candidate that caches by buffer address or a weak fingerprint returns a stale answer."""
+        runnable = self.builds.get(job.solution)
+        sets = self._sets.get(job.job_id)
+        fresh = self._inputs(job, job.settings.trials)
+        if not sets:
+            return self.call(runnable, job, fresh)
+        args = sets[0]
+        for i, (old, new) in enumerate(zip(args, fresh)):
+            if _isinstance(old, torch.Tensor):
+                old.copy_(new)
+            else:
+                args[i] = new
+        return self.call(runnable, job, args)
+
+    def finish(self, job: Job) -> None:
+        """Drop what was kept for this job."""
+        self._sets.pop(job.job_id, None)

@@ -1,0 +1,98 @@
+"""`python -m fibray.workers.executor`: the sandboxed process that runs candidate code.
+
+It warms up (imports, device context), says it is ready, then answers requests from its
+supervisor until told to exit or killed. It holds no reference outputs and decides no
+verdicts; see fibray.candidate.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import sys
+from multiprocessing.connection import Connection
+from pathlib import Path
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="fibray.workers.executor")
+    parser.add_argument("--fd", type=int, required=True)
+    parser.add_argument("--device", required=True)
+    parser.add_argument("--workdir", required=True)
+    args = parser.parse_args(argv)
+    conn = Connection(args.fd)
+
+    import torch
+
+    from fibray.build import prepare_triton
+
+    prepare_triton()
+    from fibray.candidate import CandidateRunner, classify_exception  # captures trusted functions now
+    from fibray.workers.protocol import ChannelClosed, Reply, Request, recv, send
+
+    device = torch.device(args.device)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+        torch.zeros(1, device=device)
+        torch.cuda.synchronize(device)
+    import triton  # noqa: F401  (warm: the first candidate should not pay for it)
+
+    runner = CandidateRunner(Path(args.workdir), device)
+    baseline = torch.cuda.memory_allocated(device) if device.type == "cuda" else 0
+    send(conn, Reply(True, {"pid": os.getpid(), "uid": os.getuid()}))
+    keep = None  # the last reply's tensors stay alive until the supervisor asks again (CUDA IPC)
+    while True:
+        try:
+            req: Request = recv(conn, None)
+        except ChannelClosed:
+            return
+        keep = None
+        try:
+            if req.op == "build":
+                err = runner.build(req.job)
+                reply = Reply(True) if err is None else Reply(False, error=str(err), status="COMPILE_ERROR", reason=err.reason)
+            elif req.op == "trial":
+                keep = runner.trial(req.job, req.trial)
+                reply = Reply(True, keep)
+            elif req.op == "time":
+                reply = Reply(True, runner.time(req.job))
+            elif req.op == "recheck":
+                keep = runner.recheck(req.job)
+                reply = Reply(True, keep)
+            elif req.op == "finish":
+                runner.finish(req.job)
+                gc.collect()
+                reply = Reply(True)
+            elif req.op == "health":
+                reply = Reply(True, _health(torch, device, baseline))
+            elif req.op == "exit":
+                send(conn, Reply(True))
+                return
+            else:
+                reply = Reply(False, error=f"unknown request {req.op!r}")
+        except BaseException as e:  # candidate code can raise anything through our calls
+            import traceback
+
+            status, reason = classify_exception(e)
+            reply = Reply(False, error="".join(traceback.format_exception(e)), status=status, reason=reason)
+        try:
+            send(conn, reply)
+        except ChannelClosed:
+            return
+
+
+def _health(torch, device, baseline: int) -> dict:
+    """A canary kernel with a known answer, a synchronize, and memory against the baseline."""
+    x = torch.arange(4096, device=device, dtype=torch.float32)
+    value = float((x * 2 + 1).sum().item())
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        allocated = torch.cuda.memory_allocated(device)
+    else:
+        allocated = 0
+    return {"canary_ok": value == 4096.0 * 4096.0, "allocated": allocated, "baseline": baseline}
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,73 @@
+"""Messages between a slot supervisor and its executor, over one socket, with deadlines.
+
+CUDA tensors travel as CUDA IPC handles (no copy); everything else is pickled by value.
+Every receive has a deadline: a silent executor is a hung executor.
+"""
+
+from __future__ import annotations
+
+import io
+import pickle
+import time
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from typing import Any, Optional
+
+import torch
+
+
+class ChannelClosed(Exception):
+    """The executor's end of the channel is gone (it exited or was killed)."""
+
+
+class DeadlineExceeded(Exception):
+    """No answer within the deadline."""
+
+
+@dataclass
+class Request:
+    """Supervisor -> executor: build | trial | time | recheck | finish | health | exit."""
+
+    op: str
+    job: Any = None
+    trial: int = 0
+
+
+@dataclass
+class Reply:
+    """Executor -> supervisor."""
+
+    ok: bool
+    value: Any = None
+    error: str = ""
+    status: str = ""
+    reason: str = ""
+
+
+class _Pickler(pickle.Pickler):
+    def reducer_override(self, obj: Any):
+        if isinstance(obj, torch.Tensor) and obj.is_cuda:
+            from torch.multiprocessing.reductions import reduce_tensor
+
+            return reduce_tensor(obj)
+        return NotImplemented
+
+
+def send(conn: Connection, obj: Any) -> None:
+    buf = io.BytesIO()
+    _Pickler(buf, protocol=pickle.HIGHEST_PROTOCOL).dump(obj)
+    try:
+        conn.send_bytes(buf.getbuffer())
+    except (BrokenPipeError, ConnectionResetError, OSError) as e:
+        raise ChannelClosed(str(e)) from None
+
+
+def recv(conn: Connection, deadline: Optional[float]) -> Any:
+    """Receive one message before `deadline` (time.monotonic); None means wait forever (executor side only)."""
+    try:
+        if deadline is not None and not conn.poll(max(0.0, deadline - time.monotonic())):
+            raise DeadlineExceeded()
+        data = conn.recv_bytes()
+    except (EOFError, ConnectionResetError, OSError) as e:
+        raise ChannelClosed(str(e) or "end of channel") from None
+    return pickle.loads(data)

@@ -1,0 +1,263 @@
+"""Start candidate executor processes with least privilege, and put them down completely.
+
+An executor gets a scrubbed environment (an allowlist, minus anything that looks like a
+secret), a private working directory, resource limits, its own session (process group),
+no network where the OS allows it (a new network namespace), and, when running as root
+and the interpreter is world-executable, an unprivileged uid. Killing one kills its
+whole process group and every process it left behind.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import re
+import resource
+import signal
+import socket
+import stat
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Optional
+
+import fibray
+
+_ENV_ALLOW = {
+    "PATH", "LANG", "LC_ALL", "LC_CTYPE", "TERM", "LD_LIBRARY_PATH", "CUDA_HOME", "CUDA_PATH",
+    "CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES", "NVIDIA_DRIVER_CAPABILITIES", "TRITON_INTERPRET",
+    "TRITON_PTXAS_PATH", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "VIRTUAL_ENV", "CONDA_PREFIX",
+    "TORCH_CUDA_ARCH_LIST", "FIBRAY_CUDA_ARCH", "CC", "CXX", "NVCC",
+}
+_SECRET = re.compile(r"TOKEN|SECRET|PASSW|CREDENTIAL|API_?KEY|ACCESS_?KEY|PRIVATE|AUTH|COOKIE|SESSION", re.I)
+_CLONE_NEWNET = 0x40000000
+_NOBODY = 65534
+_PR_SET_PDEATHSIG = 1
+_PR_SET_CHILD_SUBREAPER = 36
+_LOG_TAIL_BYTES = 64 * 1024
+
+
+@dataclass(frozen=True)
+class SandboxPolicy:
+    """Limits for executor processes."""
+
+    max_open_files: int = 4096
+    max_processes: int = 4096
+    memory_limit_bytes: Optional[int] = 16 << 30  # address space, CPU devices only (CUDA maps huge VA)
+    cpu_seconds: Optional[int] = None              # CPU time, for single-use executors
+    isolate_network: bool = True
+    drop_privileges: bool = True
+
+
+def scrubbed_env(extra: dict[str, str]) -> dict[str, str]:
+    """The environment an executor starts with: allowlisted names, nothing secret-looking."""
+    env = {k: v for k, v in os.environ.items() if k in _ENV_ALLOW and not _SECRET.search(k)}
+    pkg_root = str(Path(fibray.__file__).resolve().parents[1])
+    paths = [pkg_root] + [p for p in sys.path if p and p.endswith(("site-packages", "dist-packages")) or p.startswith("/tmp/site")]
+    env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
+    env.update(extra)
+    return env
+
+
+def _world_executable(path: str) -> bool:
+    p = Path(path).resolve()
+    for part in [*reversed(p.parents), p]:
+        try:
+            mode = part.stat().st_mode
+        except OSError:
+            return False
+        if not mode & stat.S_IXOTH:
+            return False
+    return True
+
+
+def can_drop_privileges() -> bool:
+    """Root, and the interpreter and fibray reachable by an unprivileged user."""
+    return os.geteuid() == 0 and _world_executable(sys.executable) and _world_executable(fibray.__file__.rsplit("/", 1)[0])
+
+
+def network_namespaces_available() -> bool:
+    return os.geteuid() == 0 and sys.platform.startswith("linux")
+
+
+def _preexec(policy: SandboxPolicy, uid: Optional[int], netns: bool) -> None:
+    """Runs in the child between fork and exec: limits, namespace, parent-death signal, uid."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (policy.max_open_files, policy.max_open_files))
+    resource.setrlimit(resource.RLIMIT_NPROC, (policy.max_processes, policy.max_processes))
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    if policy.memory_limit_bytes:
+        resource.setrlimit(resource.RLIMIT_AS, (policy.memory_limit_bytes, policy.memory_limit_bytes))
+    if policy.cpu_seconds:
+        resource.setrlimit(resource.RLIMIT_CPU, (policy.cpu_seconds, policy.cpu_seconds + 5))
+    if netns and libc.unshare(_CLONE_NEWNET) != 0:
+        os._exit(121)  # asked for and refused: better no executor than a networked one
+    if uid is not None:
+        os.setgroups([])
+        os.setgid(uid)
+        os.setuid(uid)
+
+
+@dataclass
+class Executor:
+    """A running executor process and its end of the control channel."""
+
+    proc: subprocess.Popen
+    conn: Connection
+    workdir: Path
+    single_use: bool
+    network_isolated: bool
+    privileges_dropped: bool
+    started: float = field(default_factory=time.monotonic)
+    ready: bool = False
+    info: dict = field(default_factory=dict)
+    _tail: deque = field(default_factory=lambda: deque(maxlen=256))
+    _tail_bytes: list = field(default_factory=lambda: [0])
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def output_tail(self) -> str:
+        """The last bytes the candidate printed (stdout and stderr), bounded."""
+        return b"".join(self._tail).decode(errors="replace")[-_LOG_TAIL_BYTES:]
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def exit_reason(self) -> tuple[str, str]:
+        """(reason, detail) once the process has ended."""
+        code = self.proc.poll()
+        if code is None:
+            return "alive", ""
+        if code < 0:
+            name = signal.Signals(-code).name if -code in signal.Signals._value2member_map_ else str(-code)
+            return "killed_by_signal", f"executor killed by {name}"
+        if code == 121:
+            return "sandbox_failed", "network namespace could not be created"
+        return "crashed", f"executor exited with status {code}"
+
+
+def _drain(ex: Executor) -> None:
+    """Read the executor's output forever, keeping a bounded tail (no pipe ever fills up)."""
+    fd = ex.proc.stdout
+    while True:
+        chunk = fd.read1(65536) if hasattr(fd, "read1") else fd.read(65536)
+        if not chunk:
+            return
+        ex._tail.append(chunk)
+
+
+def spawn(device: str, base_dir: Path, policy: SandboxPolicy, single_use: bool, shared_cache: Path) -> Executor:
+    """Start an executor; it warms up (imports, device context) on its own and says when ready."""
+    ours, theirs = socket.socketpair()
+    workdir = Path(tempfile.mkdtemp(prefix="exec-", dir=base_dir))
+    uid = _NOBODY if policy.drop_privileges and can_drop_privileges() else None
+    netns = policy.isolate_network and network_namespaces_available()
+    if uid is not None:
+        os.chown(workdir, uid, uid)
+        shared_cache.mkdir(parents=True, exist_ok=True)
+        os.chmod(shared_cache, 0o1777)
+    env = scrubbed_env({
+        "HOME": str(workdir), "TMPDIR": str(workdir), "PYTHONDONTWRITEBYTECODE": "1", "PYTHONUNBUFFERED": "1",
+        "TRITON_CACHE_DIR": str(shared_cache / "triton"), "FIBRAY_EXECUTOR": "1",
+    })
+    if device == "cpu":
+        env["TRITON_INTERPRET"] = "1"
+        env.setdefault("OMP_NUM_THREADS", "1")
+    limits = policy if device == "cpu" else SandboxPolicy(**{**policy.__dict__, "memory_limit_bytes": None})
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "fibray.workers.executor", "--fd", str(theirs.fileno()), "--device", device,
+         "--workdir", str(workdir)],
+        env=env, cwd=workdir, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        pass_fds=(theirs.fileno(),), start_new_session=True,
+        preexec_fn=lambda: _preexec(limits, uid, netns),
+    )
+    theirs.close()
+    ex = Executor(proc=proc, conn=Connection(ours.detach()), workdir=workdir, single_use=single_use,
+                  network_isolated=netns, privileges_dropped=uid is not None)
+    threading.Thread(target=_drain, args=(ex,), daemon=True).start()
+    return ex
+
+
+def descendants(pid: int) -> list[int]:
+    """Every live process below pid (via /proc), children first."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                data = f.read()
+            ppid = int(data[data.rindex(b")") + 2:].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        children.setdefault(ppid, []).append(int(entry))
+    out, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out
+
+
+def kill_tree(pid: int, pgid: Optional[int] = None) -> None:
+    """SIGKILL a process group and every descendant of pid; never raises."""
+    victims = descendants(pid)
+    for target in filter(None, [pgid]):
+        try:
+            os.killpg(target, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+    for p in [pid, *victims]:
+        try:
+            os.kill(p, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def become_subreaper() -> None:
+    """Orphans of our executors re-parent to us (not to init), so we can find and kill them."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+
+
+def reap_strays(keep: set[int]) -> list[int]:
+    """Kill every child of this process that is not a known executor (orphans re-parented to us)."""
+    killed = []
+    for child in descendants(os.getpid()):
+        try:
+            with open(f"/proc/{child}/stat", "rb") as f:
+                data = f.read()
+            ppid = int(data[data.rindex(b")") + 2:].split()[1])
+        except (OSError, ValueError):
+            continue
+        if ppid == os.getpid() and child not in keep:
+            kill_tree(child, child)
+            killed.append(child)
+    for pid in killed:
+        try:
+            os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            pass
+    return killed
+
+
+def retire(ex: Executor, wait_s: float = 5.0) -> None:
+    """Put an executor down with its whole tree, close its channel, remove its directory."""
+    kill_tree(ex.pid, ex.pid)
+    try:
+        ex.proc.wait(timeout=wait_s)
+    except subprocess.TimeoutExpired:
+        pass
+    ex.conn.close()
+    import shutil
+
+    shutil.rmtree(ex.workdir, ignore_errors=True)
