@@ -1,0 +1,61 @@
+"""ApplyConfig: which evaluations apply() trusts, and how it behaves at call time.
+
+Validated once, when apply is enabled; nothing in it is read on the hot path except
+values copied into plain attributes of the dispatchers.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Literal, Optional
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+DISABLE_ENV = "FIBRAY_APPLY_DISABLE"
+"""Environment variable: when set to 1/true/yes/on, enable_apply() substitutes nothing."""
+
+
+class ApplyConfig(BaseModel):
+    """How apply() builds its dispatch index and what it does at call time."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+
+    max_atol: float = Field(default=1e-2, ge=0)
+    """Largest absolute tolerance an evaluation may have been judged with (or its max abs error)."""
+    max_rtol: float = Field(default=1e-2, ge=0)
+    """Largest relative tolerance an evaluation may have been judged with."""
+    definitions: Optional[list[str]] = None
+    """Definition names to dispatch; None for every definition in the dataset."""
+    sweeps: Optional[list[str]] = None
+    """Store sweeps whose evaluations count; None for all."""
+    hardware: Optional[str] = None
+    """Hardware name evaluations must have run on; None: the running device (e.g. 'NVIDIA H200')."""
+    match_libs: list[str] = Field(default_factory=lambda: ["torch", "triton", "cuda"])
+    """Libraries whose versions must match the running process."""
+    version_match: Literal["exact", "minor"] = "minor"
+    """exact: identical version strings; minor: same major.minor (local build tags ignored)."""
+    min_speedup: Optional[float] = Field(default=None, gt=0)
+    """Drop evaluations whose speedup over the definition's reference is below this; None keeps all."""
+    on_miss: Literal["nearest", "fallback"] = "nearest"
+    """Unseen var-axis values: use the winner of the nearest measured key, or call the fallback."""
+    candidates_per_key: int = Field(default=2, ge=1)
+    """Ranked solutions kept per key and built ahead; a runner-up takes over when the winner is switched off."""
+    finite_check_calls: Optional[int] = Field(default=None, ge=0)
+    """Outputs checked for NaN/Inf: None on every substituted call; N on the first N calls of each solution; 0 never."""
+    bucket_cache_size: int = Field(default=4096, ge=0)
+    """Most resolved unseen keys remembered per definition (beyond it they are resolved on every call)."""
+    workdir: Optional[str] = None
+    """Folder for builds; None: a fresh temporary folder."""
+
+    @field_validator("match_libs")
+    @classmethod
+    def _validate_match_libs(cls, v: list[str]) -> list[str]:
+        bad = [lib for lib in v if not lib or not lib.strip()]
+        if bad:
+            raise ValueError(f"match_libs: library names must be non-empty (got {v!r})")
+        return v
+
+
+def disabled_by_env() -> bool:
+    """True when FIBRAY_APPLY_DISABLE asks for every call to go to its fallback."""
+    return os.environ.get(DISABLE_ENV, "").strip().lower() in {"1", "true", "yes", "on"}

@@ -1,0 +1,336 @@
+"""The per-call hot path: from a call's arguments to a verified solution, or to the fallback.
+
+One Dispatcher per definition. Everything a call needs is precomputed into plain tuples
+and dicts keyed by the argument shapes, so a call costs a few attribute reads and one
+dict lookup: no pydantic, no JSON, no allocation beyond the outputs. A substituted
+solution that raises or returns NaN/Inf never reaches the caller: that call falls back,
+and the solution is switched off for the rest of the process.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
+
+import torch
+
+from fibray.apply.index import Key
+from fibray.inputs import torch_dtype
+from fibray.schema import Definition
+
+log = logging.getLogger(__name__)
+
+HIT, BUCKETED, MISS = 0, 1, 2
+"""Entry kinds: a measured key, an unseen key served by the nearest measured one, no substitution."""
+
+Shapes = tuple[tuple[int, ...], ...]
+
+
+class SolutionState:
+    """A built solution as the hot path sees it, with its counters and circuit breaker."""
+
+    __slots__ = ("name", "hash", "fn", "dps", "calls", "check_left", "disabled")
+
+    def __init__(self, name: str, solution_hash: str, fn: Callable[..., Any], dps: bool, check_calls: Optional[int]) -> None:
+        self.name = name
+        self.hash = solution_hash
+        self.fn = fn
+        self.dps = dps
+        self.calls = 0
+        """Substituted calls that returned its result."""
+        self.check_left = -1 if check_calls is None else check_calls
+        """Calls whose outputs are still checked for NaN/Inf (-1: every call)."""
+        self.disabled: Optional[str] = None
+        """Why the circuit breaker switched it off; None while it is live."""
+
+
+@dataclass(frozen=True)
+class Entry:
+    """What to do for one argument signature."""
+
+    state: Optional[SolutionState]
+    """The solution to call; None: call the fallback."""
+    kind: int
+    """HIT, BUCKETED or MISS."""
+    outs: tuple[tuple[tuple[int, ...], torch.dtype], ...] = ()
+    """Shape and dtype of each output, for allocating destination-passing outputs."""
+
+
+_MISS_ENTRY = Entry(None, MISS)
+_TENSOR = torch.Tensor
+
+
+def _all_finite(outputs: Any) -> bool:
+    if isinstance(outputs, torch.Tensor):
+        return not outputs.is_floating_point() or bool(torch.isfinite(outputs).all())
+    return all(_all_finite(o) for o in outputs)
+
+
+class Dispatcher:
+    """Routes the calls of one definition to its verified solutions."""
+
+    def __init__(
+        self,
+        definition: Definition,
+        ranked: dict[Key, list[SolutionState]],
+        known_bad: dict[Key, set[str]],
+        *,
+        on_failure: Callable[[SolutionState, str], None],
+        nearest: bool,
+        cuda: bool,
+        cache_size: int,
+    ) -> None:
+        self.name = definition.name
+        self.definition = definition
+        self.ranked = ranked
+        self._known_bad = known_bad
+        self._on_failure = on_failure
+        self._nearest = nearest
+        self._cuda = cuda
+        self._cache_size = cache_size
+        specs = list(definition.inputs.values())
+        out_specs = list(definition.outputs.values())
+        self._names = (*definition.inputs, *definition.outputs)
+        self.n_in, self.n_out = len(specs), len(out_specs)
+        self._n_all = self.n_in + self.n_out
+        self._in_pos = tuple(i for i, s in enumerate(specs) if s.shape is not None)
+        self._all_pos = self._in_pos + tuple(self.n_in + j for j in range(self.n_out))
+        dtypes = [torch_dtype(s.dtype) for s in specs] + [torch_dtype(s.dtype) for s in out_specs]
+        if not self._in_pos:
+            raise ValueError(f"definition {definition.name!r} has no tensor inputs; apply cannot tell its device")
+        self._probe_in = make_probe([(i, dtypes[i]) for i in self._in_pos], cuda)
+        self._probe_all = make_probe([(i, dtypes[i]) for i in self._all_pos], cuda)
+        self._out_dtypes = tuple(dtypes[self.n_in:])
+        # where each var axis is read from: (index into the input signature, dimension)
+        self._key_locs: list[tuple[str, int, int]] = []
+        for axis in definition.var_axes:
+            locs = [(k, spec.shape.index(axis)) for k, spec in enumerate(specs[i] for i in self._in_pos) if axis in spec.shape]
+            if not locs:
+                raise ValueError(f"definition {definition.name!r}: var axis {axis!r} appears in no input shape")
+            self._key_locs.append((axis, *locs[0]))
+        self._first = self._in_pos[0]
+        self.hits = self.bucketed = self.misses = self.fallbacks = 0
+        self.table: dict[tuple, Entry] = {}
+        self._memo = 0
+        self.compile()
+
+    # -- tables --------------------------------------------------------------------------
+    def compile(self) -> None:
+        """(Re)build the exact-key table from the live candidates; forget resolved unseen keys."""
+        table: dict[tuple, Entry] = {}
+        for key, states in self.ranked.items():
+            live = next((s for s in states if s.disabled is None), None)
+            if live is None:
+                continue
+            axes = dict(zip(self.definition.var_axes, key))
+            ins, outs = self._shapes(axes)
+            entry = Entry(live, HIT, tuple(zip(outs, self._out_dtypes)))
+            table[ins] = entry
+            table[ins + outs] = entry
+        self.table = table
+        self._memo = 0
+
+    def _shapes(self, axes: dict[str, int]) -> tuple[Shapes, Shapes]:
+        ins = self.definition.input_shapes(axes)
+        outs = self.definition.output_shapes(axes)
+        return tuple(s for s in ins.values() if s is not None), tuple(s or () for s in outs.values())
+
+    def _nearest_state(self, key: Key) -> Optional[SolutionState]:
+        """The live winner of the nearest measured key that is not known to fail at `key`."""
+        bad = self._known_bad.get(key, ())
+        for k in sorted(self.ranked, key=lambda k: (_distance(k, key), tuple(-v for v in k))):
+            state = next((s for s in self.ranked[k] if s.disabled is None and s.hash not in bad), None)
+            if state is not None:
+                return state
+        return None
+
+    def _resolve(self, sig: tuple) -> Entry:
+        """Slow path for a signature not in the table: validate it, bucket it, remember it."""
+        n = len(self._in_pos)
+        ins = tuple(tuple(s) for s in sig[:n])
+        axes: dict[str, int] = {}
+        entry = _MISS_ENTRY
+        try:
+            for axis, k, dim in self._key_locs:
+                axes[axis] = int(ins[k][dim])
+            want_in, want_out = self._shapes(axes)
+        except (IndexError, ValueError):
+            want_in = want_out = None
+        if want_in == ins and (len(sig) == n or tuple(tuple(s) for s in sig[n:]) == want_out):
+            state = self._nearest_state(tuple(axes[a] for a in self.definition.var_axes)) if self._nearest else None
+            if state is not None:
+                entry = Entry(state, BUCKETED, tuple(zip(want_out, self._out_dtypes)))
+        if self._memo < self._cache_size:
+            self.table[sig] = entry
+            self._memo += 1
+        return entry
+
+    # -- the call ------------------------------------------------------------------------
+    def __call__(self, fallback: Callable[..., Any], args: tuple, kwargs: dict[str, Any]) -> Any:
+        """Call the verified solution for these arguments, or the fallback."""
+        if kwargs or len(args) != self.n_in:
+            return self._call_general(fallback, args, kwargs)
+        try:
+            sig = self._probe_in(args)
+        except AttributeError:  # a tensor input given as something else
+            sig = None
+        if sig is None:
+            self.misses += 1
+            return fallback(*args)
+        entry = self.table.get(sig)
+        if entry is None:
+            entry = self._resolve(sig)
+        state = entry.state
+        if state is None:
+            self.misses += 1
+            return fallback(*args)
+        try:
+            if state.dps:
+                outs = [torch.empty(s, dtype=d, device=args[self._first].device) for s, d in entry.outs]
+                state.fn(*args, *outs)
+                result: Any = outs[0] if self.n_out == 1 else tuple(outs)
+            else:
+                result = state.fn(*args)
+                if type(result) is not _TENSOR or self.n_out != 1:
+                    result = self._normalize(result)
+            if state.check_left:
+                if not _all_finite(result):
+                    self._failed(state, "returned non-finite outputs")
+                    return fallback(*args)
+                if state.check_left > 0:
+                    state.check_left -= 1
+        except Exception as e:  # the safety net: any failure of a substituted solution falls back
+            return self._after_exception(state, e, fallback, args, {})
+        state.calls += 1
+        if entry.kind == HIT:
+            self.hits += 1
+        else:
+            self.bucketed += 1
+        return result
+
+    def _call_general(self, fallback: Callable[..., Any], args: tuple, kwargs: dict[str, Any]) -> Any:
+        """Keyword arguments, or a destination-passing caller (inputs then outputs)."""
+        call_args = self._bind(args, kwargs) if kwargs else args
+        if call_args is not None and len(call_args) == self.n_in:
+            return self(lambda *a: fallback(*args, **kwargs), call_args, {})
+        if call_args is None or len(call_args) != self._n_all:
+            self.misses += 1
+            return fallback(*args, **kwargs)
+        try:
+            sig = self._probe_all(call_args)
+        except AttributeError:
+            sig = None
+        entry = self.table.get(sig) if sig is not None else _MISS_ENTRY
+        if entry is None:
+            entry = self._resolve(sig)
+        state = entry.state
+        if state is None:
+            self.misses += 1
+            return fallback(*args, **kwargs)
+        try:
+            result = self._call_dps(state, call_args)
+        except Exception as e:
+            return self._after_exception(state, e, fallback, args, kwargs)
+        if result is _NON_FINITE:
+            self._failed(state, "returned non-finite outputs")
+            return fallback(*args, **kwargs)
+        state.calls += 1
+        if entry.kind == HIT:
+            self.hits += 1
+        else:
+            self.bucketed += 1
+        return result
+
+    def _after_exception(self, state: SolutionState, e: Exception, fallback: Callable[..., Any], args: tuple,
+                         kwargs: dict[str, Any]) -> Any:
+        if self._cuda and torch.cuda.is_current_stream_capturing():
+            raise e  # a capture cannot fall back; the caller's graph is already broken
+        self._failed(state, f"raised {type(e).__name__}: {e}")
+        return fallback(*args, **kwargs)
+
+    def _call_dps(self, state: SolutionState, args: tuple) -> Any:
+        outs = args[self.n_in:]
+        if state.dps:
+            state.fn(*args)
+            if state.check_left and not _all_finite(outs):
+                return _NON_FINITE
+        else:
+            result = self._normalize(state.fn(*args[: self.n_in]))
+            if state.check_left and not _all_finite(result):
+                return _NON_FINITE
+            for out, value in zip(outs, (result,) if self.n_out == 1 else result):
+                out.copy_(value)
+        if state.check_left > 0:
+            state.check_left -= 1
+        return outs[0] if self.n_out == 1 else tuple(outs)
+
+    def _normalize(self, result: Any) -> Any:
+        """A value-returning solution's result as the fallback would give it: a tensor, or a tuple."""
+        if isinstance(result, dict):
+            result = [result[n] for n in self._names[self.n_in:]]
+        if isinstance(result, (list, tuple)):
+            return result[0] if self.n_out == 1 else tuple(result)
+        return result
+
+    def _bind(self, args: tuple, kwargs: dict[str, Any]) -> Optional[tuple]:
+        """Keyword arguments placed in definition order; None when they do not fit the definition."""
+        names = self._names[len(args):]
+        if set(kwargs) - set(names):
+            return None
+        bound = [kwargs[n] for n in names if n in kwargs]
+        if len(bound) != len(kwargs) or names[: len(bound)] != tuple(n for n in names if n in kwargs):
+            return None
+        return (*args, *bound)
+
+    def _failed(self, state: SolutionState, why: str) -> None:
+        self.fallbacks += 1
+        self._on_failure(state, why)
+
+
+def make_probe(guard: list[tuple[int, torch.dtype]], cuda: bool) -> Callable[[tuple], Optional[tuple]]:
+    """A function of the call's arguments: their shapes, or None when a guard fails.
+
+    Guards: each tensor has the definition's dtype and is contiguous (as the sweep verified
+    it), is on the GPU when the index is a GPU one, and autograd is not watching it. The
+    function is generated with the positions unrolled (as dataclasses generate __init__),
+    because a loop over them costs more than the reads themselves. For inputs (x, w):
+
+        def probe(args):
+            a0 = args[0]; a1 = args[1]
+            if a0.dtype is not D0 or a1.dtype is not D1 or not a0.is_contiguous() or not a1.is_contiguous():
+                return None
+            if grad_enabled() and (a0.requires_grad or a1.requires_grad):
+                return None
+            return (a0.shape, a1.shape)
+    """
+    names = [f"a{k}" for k in range(len(guard))]
+    env: dict[str, Any] = {f"D{k}": dtype for k, (_, dtype) in enumerate(guard)}
+    env["grad_enabled"] = torch.is_grad_enabled
+    conds = [f"{a}.dtype is not D{k}" for k, a in enumerate(names)] + [f"not {a}.is_contiguous()" for a in names]
+    if cuda:
+        conds.append(f"not {names[0]}.is_cuda")
+    body = [
+        "def probe(args):",
+        "    " + "; ".join(f"{a} = args[{i}]" for a, (i, _) in zip(names, guard)),
+        f"    if {' or '.join(conds)}:",
+        "        return None",
+        f"    if grad_enabled() and ({' or '.join(f'{a}.requires_grad' for a in names)}):",
+        "        return None",
+        f"    return ({''.join(f'{a}.shape, ' for a in names)})",
+    ]
+    exec(compile("\n".join(body), f"<fibray.apply probe {len(guard)}>", "exec"), env)
+    return env["probe"]
+
+
+class _NonFinite:
+    __slots__ = ()
+
+
+_NON_FINITE = _NonFinite()
+
+
+def _distance(a: Key, b: Key) -> float:
+    """Distance between two keys: sum over axes of |log2(1 + a) - log2(1 + b)|."""
+    return sum(abs(math.log2(1 + x) - math.log2(1 + y)) for x, y in zip(a, b))
