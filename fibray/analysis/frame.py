@@ -84,8 +84,18 @@ def evaluations(
     defs = _as_list(definitions)
     if defs is not None:
         lf = lf.filter(pl.col("definition").is_in(defs))
-    # Sorting then keeping the last row of each unit is "latest finished_at wins".
-    return lf.sort("finished_at", nulls_last=False).unique(subset=list(UNIT_KEYS), keep="last", maintain_order=False)
+    return latest_per_unit(lf)
+
+
+def latest_per_unit(lf: pl.LazyFrame) -> pl.LazyFrame:
+    """Keep the row with the latest finished_at of each unit (ties: the one read last).
+
+    Picking row numbers in a group_by and semi-joining them back is several times faster
+    than sort + unique(keep="last") on a million rows, and reads only the columns asked for.
+    """
+    numbered = lf.with_row_index("_row")
+    latest = numbered.group_by(list(UNIT_KEYS)).agg(pl.col("_row").sort_by("finished_at", nulls_last=False).last())
+    return numbered.join(latest, on="_row", how="semi").drop("_row")
 
 
 def check_sweeps(source: Source, wanted: Iterable[str]) -> None:
