@@ -229,22 +229,30 @@ def become_subreaper() -> None:
     libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
 
 
+def _stat(pid: int) -> tuple[int, str]:
+    """(parent pid, state letter) of a process."""
+    with open(f"/proc/{pid}/stat", "rb") as f:
+        data = f.read()
+    fields = data[data.rindex(b")") + 2:].split()
+    return int(fields[1]), fields[0].decode()
+
+
 def reap_strays(keep: set[int]) -> list[int]:
-    """Kill every child of this process that is not a known executor (orphans re-parented to us)."""
-    killed = []
-    for child in descendants(os.getpid()):
+    """Kill every live child of this process that is not a known executor (orphans that
+    re-parented to us); collect exited ones (zombies) without counting them."""
+    me, killed = os.getpid(), []
+    for child in descendants(me):
         try:
-            with open(f"/proc/{child}/stat", "rb") as f:
-                data = f.read()
-            ppid = int(data[data.rindex(b")") + 2:].split()[1])
-        except (OSError, ValueError):
+            ppid, state = _stat(child)
+        except (OSError, ValueError, IndexError):
             continue
-        if ppid == os.getpid() and child not in keep:
+        if ppid != me or child in keep:
+            continue
+        if state != "Z":
             kill_tree(child, child)
             killed.append(child)
-    for pid in killed:
         try:
-            os.waitpid(pid, os.WNOHANG)
+            os.waitpid(child, os.WNOHANG)
         except ChildProcessError:
             pass
     return killed
