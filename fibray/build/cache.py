@@ -1,0 +1,260 @@
+"""On-disk build artifacts shared by every worker of a sweep, keyed by content hash and toolchain.
+
+One directory per key (solution hash + toolchain fingerprint), published by an atomic rename
+and compiled under a per-key file lock, so two workers never compile the same key at once. A
+failed compile is cached with its log and re-raised as the same BuildError. It must never hand
+out a half-written artifact, and it never compiles anything itself: compilers register here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import socket
+import time
+import uuid
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Callable, Iterator, Literal, Optional, Protocol
+
+from pydantic import BaseModel, ConfigDict
+
+from fibray.build.base import BuildError
+from fibray.schema import Solution
+
+__all__ = [
+    "ArtifactCache", "BuildLockTimeout", "CacheEntry", "CacheResult", "compile_ahead", "compiler_for",
+    "register_compiler",
+]
+
+ENTRY_FILE = "entry.json"
+"""Written last inside an artifact directory; its presence means the directory is complete."""
+
+# A compile that ran out of time may only have been starved of CPU: it is reported, never cached.
+_UNCACHED_REASONS = frozenset({"compile_timeout"})
+
+
+class Compiler(Protocol):
+    def __call__(self, solution: Solution, outdir: Path, timeout_s: float) -> None:
+        """Write the solution's artifact into outdir (which exists and is empty); raise BuildError."""
+
+
+Fingerprint = Callable[[Solution], dict[str, str]]
+
+_COMPILERS: dict[str, tuple[Compiler, Fingerprint]] = {}
+
+
+def register_compiler(*languages: str, fingerprint: Fingerprint) -> Callable[[Compiler], Compiler]:
+    """Register the ahead-of-time compiler (and its toolchain fingerprint) of some languages."""
+
+    def deco(fn: Compiler) -> Compiler:
+        for lang in languages:
+            _COMPILERS[lang] = (fn, fingerprint)
+        return fn
+
+    return deco
+
+
+def compiler_for(language: str) -> Optional[tuple[Compiler, Fingerprint]]:
+    """The (compiler, fingerprint) of a language, or None when it has nothing to compile."""
+    return _COMPILERS.get(language)
+
+
+class BuildLockTimeout(TimeoutError):
+    """Another worker held a build lock past the deadline; nothing was cached."""
+
+
+class CacheEntry(BaseModel):
+    """What entry.json records about one cached build."""
+
+    model_config = ConfigDict(extra="allow", use_attribute_docstrings=True)
+
+    key: str
+    """Cache key: sha256 of solution hash and toolchain fingerprint (hex, 40 chars)."""
+    solution_hash: str
+    """Solution.hash the artifact was built from."""
+    solution_name: str
+    """Solution name at build time (informational; the hash is the identity)."""
+    status: Literal["ok", "failed"]
+    """Whether the compile succeeded."""
+    reason: Optional[str] = None
+    """BuildError reason of a failed compile (nvcc_error, unsupported_binding, ...)."""
+    message: str = ""
+    """BuildError message of a failed compile: the bounded compiler output."""
+    fingerprint: dict[str, str]
+    """Toolchain the key was derived from (nvcc, torch, arch, ...)."""
+    compile_s: float
+    """Wall time of the compile, seconds."""
+    created_at: str
+    """ISO-8601 UTC time the entry was published."""
+    builder: str
+    """host:pid of the process that compiled it."""
+
+
+@dataclass(frozen=True)
+class CacheResult:
+    """One lookup: where the artifact is, its entry, and whether this call compiled it."""
+
+    path: Path
+    entry: CacheEntry
+    compiled_here: bool
+    waited_s: float
+
+    def raise_if_failed(self) -> Path:
+        """The artifact directory; the cached BuildError if the compile failed."""
+        if self.entry.status == "failed":
+            raise BuildError(self.entry.message, self.entry.reason or "build_failed")
+        return self.path
+
+
+class ArtifactCache:
+    """A directory of compiled artifacts that many processes (and nodes on a shared FS) use at once."""
+
+    def __init__(self, root: str | Path, *, lock_deadline_s: float = 900.0, compile_timeout_s: float = 600.0,
+                 poll_s: float = 0.2) -> None:
+        self.root = Path(root)
+        self.lock_deadline_s = lock_deadline_s
+        self.compile_timeout_s = compile_timeout_s
+        self.poll_s = poll_s
+
+    def key(self, solution: Solution) -> str:
+        """The cache key of a solution under the current toolchain."""
+        _, fingerprint = self._compiler(solution)
+        return _key(solution, fingerprint(solution))
+
+    def lookup(self, solution: Solution) -> Optional[CacheEntry]:
+        """The published entry of a solution, or None (never waits, never compiles)."""
+        return _read_entry(self.root / self.key(solution))
+
+    def ensure(self, solution: Solution) -> CacheResult:
+        """Compile the solution unless its key is cached; failures are results, not exceptions.
+
+        Raises BuildLockTimeout when another process holds the key's lock past the deadline.
+        """
+        compiler, fingerprint = self._compiler(solution)
+        fp = fingerprint(solution)
+        key = _key(solution, fp)
+        final = self.root / key
+        entry = _read_entry(final)
+        if entry is not None:
+            return CacheResult(final, entry, compiled_here=False, waited_s=0.0)
+        t0 = time.monotonic()
+        with self._lock(key):
+            waited = time.monotonic() - t0
+            entry = _read_entry(final)  # published while we waited for the lock
+            if entry is not None:
+                return CacheResult(final, entry, compiled_here=False, waited_s=waited)
+            return self._compile(solution, compiler, fp, key, waited)
+
+    def artifact(self, solution: Solution) -> Path:
+        """The artifact directory of a solution, compiling it if needed; raises its BuildError."""
+        return self.ensure(solution).raise_if_failed()
+
+    # -- internals -----------------------------------------------------------------------
+    def _compiler(self, solution: Solution) -> tuple[Compiler, Fingerprint]:
+        found = compiler_for(solution.spec.language.value)
+        if found is None:
+            raise BuildError(f"spec.language: {solution.spec.language.value!r} has no ahead-of-time compiler",
+                             "unsupported_language")
+        return found
+
+    def _compile(self, solution: Solution, compiler: Compiler, fp: dict[str, str], key: str,
+                 waited: float) -> CacheResult:
+        tmp_root = self.root / ".tmp"
+        tmp_root.mkdir(parents=True, exist_ok=True)
+        for stale in tmp_root.glob(f"{key}-*"):  # left by a compiler that died holding this lock
+            shutil.rmtree(stale, ignore_errors=True)
+        tmp = tmp_root / f"{key}-{uuid.uuid4().hex[:8]}"
+        tmp.mkdir()
+        t0 = time.monotonic()
+        status, reason, message = "ok", None, ""
+        try:
+            compiler(solution, tmp, self.compile_timeout_s)
+        except BuildError as e:
+            status, reason, message = "failed", e.reason, str(e)
+        entry = CacheEntry(
+            key=key, solution_hash=solution.hash, solution_name=solution.name, status=status, reason=reason,
+            message=message, fingerprint=fp, compile_s=round(time.monotonic() - t0, 3),
+            created_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            builder=f"{socket.gethostname()}:{os.getpid()}",
+        )
+        final = self.root / key
+        if reason in _UNCACHED_REASONS:
+            shutil.rmtree(tmp, ignore_errors=True)
+            return CacheResult(final, entry, compiled_here=True, waited_s=waited)
+        _write_atomic(tmp / ENTRY_FILE, entry.model_dump_json(indent=2))
+        try:
+            os.rename(tmp, final)
+        except OSError as e:
+            if e.errno not in (errno.EEXIST, errno.ENOTEMPTY):
+                raise
+            shutil.rmtree(tmp, ignore_errors=True)  # published by a process that ignored the lock
+            published = _read_entry(final)
+            if published is not None:
+                return CacheResult(final, published, compiled_here=False, waited_s=waited)
+            raise
+        return CacheResult(final, entry, compiled_here=True, waited_s=waited)
+
+    @contextlib.contextmanager
+    def _lock(self, key: str) -> Iterator[None]:
+        lock_dir = self.root / ".locks"
+        lock_dir.mkdir(parents=True, exist_ok=True)
+        fd = os.open(lock_dir / f"{key}.lock", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            deadline = time.monotonic() + self.lock_deadline_s
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() >= deadline:
+                        holder = os.pread(fd, 128, 0).decode(errors="replace").strip() or "unknown"
+                        raise BuildLockTimeout(
+                            f"build lock {lock_dir / (key + '.lock')} still held by {holder} after "
+                            f"{self.lock_deadline_s:.0f}s") from None
+                    time.sleep(self.poll_s)
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{socket.gethostname()}:{os.getpid()}".encode(), 0)
+            yield
+        finally:
+            os.close(fd)  # closing releases the flock
+
+
+def compile_ahead(solution: Solution, cache_dir: str | Path) -> Optional[str]:
+    """Compile a solution into the shared cache before any GPU sees it (a plain CPU task).
+
+    Returns the error text of a failed compile (cached or fresh), or None when the solution
+    built or its language needs no compile. Raises BuildLockTimeout if the lock never came.
+    Safe in `ray.remote(num_cpus=1)`: it needs nvcc, no GPU.
+    """
+    if compiler_for(solution.spec.language.value) is None:
+        return None
+    result = ArtifactCache(cache_dir).ensure(solution)
+    return None if result.entry.status == "ok" else result.entry.message
+
+
+def _key(solution: Solution, fingerprint: dict[str, str]) -> str:
+    payload = json.dumps({"solution": solution.hash, "toolchain": fingerprint}, sort_keys=True)
+    return hashlib.sha256(payload.encode()).hexdigest()[:40]
+
+
+def _read_entry(folder: Path) -> Optional[CacheEntry]:
+    try:
+        return CacheEntry.model_validate_json((folder / ENTRY_FILE).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return None
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
