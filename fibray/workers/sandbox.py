@@ -159,7 +159,7 @@ def spawn(device: str, base_dir: Path, policy: SandboxPolicy, single_use: bool, 
     """Start an executor; it warms up (imports, device context) on its own and says when ready."""
     ours, theirs = socket.socketpair()
     workdir = Path(tempfile.mkdtemp(prefix="exec-", dir=base_dir))
-    uid = _NOBODY if policy.drop_privileges and can_drop_privileges() else None
+    uid = _NOBODY if policy.drop_privileges and can_drop_privileges() and _world_executable(str(base_dir)) else None
     netns = policy.isolate_network and network_namespaces_available()
     if uid is not None:
         os.chown(workdir, uid, uid)
