@@ -166,8 +166,7 @@ class ArtifactCache:
 
     def _compile(self, solution: Solution, compiler: Compiler, fp: dict[str, str], key: str,
                  waited: float) -> CacheResult:
-        tmp_root = self.root / ".tmp"
-        tmp_root.mkdir(parents=True, exist_ok=True)
+        tmp_root = _shared_dir(self.root / ".tmp")
         for stale in tmp_root.glob(f"{key}-*"):  # left by a compiler that died holding this lock
             shutil.rmtree(stale, ignore_errors=True)
         tmp = tmp_root / f"{key}-{uuid.uuid4().hex[:8]}"
@@ -203,9 +202,10 @@ class ArtifactCache:
 
     @contextlib.contextmanager
     def _lock(self, key: str) -> Iterator[None]:
-        lock_dir = self.root / ".locks"
-        lock_dir.mkdir(parents=True, exist_ok=True)
-        fd = os.open(lock_dir / f"{key}.lock", os.O_RDWR | os.O_CREAT, 0o644)
+        lock_dir = _shared_dir(self.root / ".locks")
+        fd = os.open(lock_dir / f"{key}.lock", os.O_RDWR | os.O_CREAT, 0o666)
+        with contextlib.suppress(PermissionError):
+            os.fchmod(fd, 0o666)  # umask aside: a worker running as another user must be able to lock it too
         try:
             deadline = time.monotonic() + self.lock_deadline_s
             while True:
@@ -237,6 +237,20 @@ def compile_ahead(solution: Solution, cache_dir: str | Path) -> Optional[str]:
         return None
     result = ArtifactCache(cache_dir).ensure(solution)
     return None if result.entry.status == "ok" else result.entry.message
+
+
+def _shared_dir(path: Path) -> Path:
+    """Create a cache folder that every user of the cache may write into (like /tmp: 1777).
+
+    The driver's compile-ahead task and sandboxed executors (which may run as nobody) share
+    one cache; whoever creates a folder first must not lock the others out.
+    """
+    for folder in (path.parent, path):
+        if not folder.is_dir():
+            folder.mkdir(parents=True, exist_ok=True)
+            with contextlib.suppress(PermissionError):
+                os.chmod(folder, 0o1777)
+    return path
 
 
 def _key(solution: Solution, fingerprint: dict[str, str]) -> str:

@@ -136,6 +136,8 @@ def _cuda_home() -> Optional[Path]:
 
 
 def _nvcc() -> str:
+    if os.environ.get("NVCC"):
+        return os.environ["NVCC"]
     home = _cuda_home()
     if home is not None and (home / "bin" / "nvcc").is_file():
         return str(home / "bin" / "nvcc")
