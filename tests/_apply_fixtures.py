@@ -56,6 +56,8 @@ SOLUTIONS = [
     # bucket_h64: the fastest solution differs between n=2 and n=32
     _solution("bucket_h64", "slow_small", "if x.shape[0] <= 8:\n    time.sleep(0.005)\nreturn x * w"),
     _solution("bucket_h64", "slow_large", "if x.shape[0] > 8:\n    time.sleep(0.005)\nreturn x * w"),
+    # ...and one that is fastest at n=2 but wrong beyond n=8 (fails the sweep at n=32)
+    _solution("bucket_h64", "small_only", "return x * w if x.shape[0] <= 8 else x * w * 2", author="agent-x"),
     # fragile_h64: the winner raises on inputs the sweep never drew; the runner-up is slower
     _solution("fragile_h64", "raises", "if x.abs().max() > 100:\n    raise ValueError('range not supported')\nreturn x * w"),
     _solution("fragile_h64", "steady", "time.sleep(0.002)\nreturn x * w"),

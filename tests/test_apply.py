@@ -89,13 +89,25 @@ def test_unseen_key_is_served_by_the_winner_of_the_nearest_measured_key(toy):
     rt = runtime(toy, "bucket_h64")
     f = apply("bucket_h64")(scale)
     small, large = WORKLOAD_SIZES
+    clean = {"bucket_h64_slow_small", "bucket_h64_slow_large"}
     f(*inputs(small + 1))   # nearest measured key: small
     f(*inputs(large - 8))   # nearest measured key: large
     calls = rt.stats().solution_calls
-    assert calls[fastest(toy[1], "bucket_h64", small)] == 1
-    assert calls[fastest(toy[1], "bucket_h64", large)] == 1
-    assert fastest(toy[1], "bucket_h64", small) != fastest(toy[1], "bucket_h64", large)
+    assert fastest(toy[1], "bucket_h64", small, clean) != fastest(toy[1], "bucket_h64", large, clean)
+    assert calls[fastest(toy[1], "bucket_h64", small, clean)] == 1
+    assert calls[fastest(toy[1], "bucket_h64", large, clean)] == 1
     assert rt.stats().bucketed == 2
+
+
+def test_solution_that_failed_at_a_measured_key_serves_only_keys_where_it_passed(toy):
+    rt = runtime(toy, "bucket_h64")
+    f = apply("bucket_h64")(scale)
+    small = WORKLOAD_SIZES[0]
+    assert fastest(toy[1], "bucket_h64", small) == "bucket_h64_small_only"
+    f(*inputs(small))       # measured there: it passed, it is the fastest
+    f(*inputs(small + 1))   # unmeasured: it failed at another key, so it is not extrapolated to
+    assert rt.stats().solution_calls["bucket_h64_small_only"] == 1
+    assert (rt.stats().hits, rt.stats().bucketed) == (1, 1)
 
 
 def test_wrong_const_axis_is_a_miss_even_with_nearest_policy(toy):

@@ -75,7 +75,7 @@ class Dispatcher:
         self,
         definition: Definition,
         ranked: dict[Key, list[SolutionState]],
-        known_bad: dict[Key, set[str]],
+        failed: dict[Key, set[str]],
         *,
         on_failure: Callable[[SolutionState, str], None],
         nearest: bool,
@@ -85,7 +85,8 @@ class Dispatcher:
         self.name = definition.name
         self.definition = definition
         self.ranked = ranked
-        self._known_bad = known_bad
+        # extrapolating to an unmeasured key is only for solutions that passed everywhere they were tried
+        self._failed_somewhere: set[str] = set().union(*failed.values()) if failed else set()
         self._on_failure = on_failure
         self._nearest = nearest
         self._cuda = cuda
@@ -138,10 +139,10 @@ class Dispatcher:
         return tuple(s for s in ins.values() if s is not None), tuple(s or () for s in outs.values())
 
     def _nearest_state(self, key: Key) -> Optional[SolutionState]:
-        """The live winner of the nearest measured key that is not known to fail at `key`."""
-        bad = self._known_bad.get(key, ())
+        """The fastest live solution at the nearest measured key among those that never failed a key."""
         for k in sorted(self.ranked, key=lambda k: (_distance(k, key), tuple(-v for v in k))):
-            state = next((s for s in self.ranked[k] if s.disabled is None and s.hash not in bad), None)
+            clean = (s for s in self.ranked[k] if s.disabled is None and s.hash not in self._failed_somewhere)
+            state = next(clean, None)
             if state is not None:
                 return state
         return None

@@ -4,7 +4,7 @@ Built once, from store rows read with pyarrow only (no Polars on the serving pat
 counts only if it PASSED within the configured tolerances, ran on this hardware and
 library stack, and still describes the loaded definition and solution (its job id is
 recomputed). A solution that failed at a key in a compatible environment is never
-chosen for that key, whatever it did elsewhere.
+chosen for that key, whatever it did elsewhere, nor for any key that was not measured.
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ class DefinitionIndex:
     ranked: dict[Key, list[Candidate]] = field(default_factory=dict)
     """Key -> candidates that passed there, fastest first."""
     failed: dict[Key, set[str]] = field(default_factory=dict)
-    """Key -> hashes of solutions that failed there (never used for that key, not even by bucketing)."""
+    """Key -> hashes of solutions that failed there (never used there, nor for unmeasured keys)."""
 
 
 @dataclass
