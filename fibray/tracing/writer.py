@@ -56,6 +56,8 @@ def _atomic_write(path: Path, write: Callable[[Path], object]) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
         write(tmp)
+        # safetensors creates 0600 files; a sweep's candidates may run as another (unprivileged) user
+        os.chmod(tmp, 0o644)
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
