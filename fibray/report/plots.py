@@ -18,6 +18,10 @@ from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
 from fibray.analysis import CATEGORIES
 
+# Beyond these, a figure shows the first panels / best lines and says what it left out.
+MAX_PANELS = 12
+MAX_LINES = 8
+
 # Status category colours: green for passed, warm colours for failures.
 CATEGORY_COLORS = {
     "passed": "#2e7d32", "compile": "#6a1b9a", "runtime": "#c62828", "numerical": "#ef6c00",
@@ -36,15 +40,19 @@ def _grid(n: int, cols: int = 3, cell: tuple[float, float] = (5.2, 3.8)) -> tupl
     return fig, flat[:n]
 
 
-def _log_ticks(axis, suffix: str = "") -> None:
-    """Ticks at 1, 2, 5 x 10^k labelled as plain numbers (0.5x, 1x, 2x), none in between."""
-    axis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+def _log_ticks(ax, which: str, suffix: str = "") -> None:
+    """Log ticks labelled as plain numbers (0.5x, 1x, 2x): 1-2-5 per decade, fewer over a wide range."""
+    axis = ax.xaxis if which == "x" else ax.yaxis
+    low, high = ax.get_xlim() if which == "x" else ax.get_ylim()
+    decades = math.log10(high / low) if low > 0 and high > low else 1.0
+    subs = (1.0, 2.0, 5.0) if decades <= 2 else (1.0, 3.0) if decades <= 3.5 else (1.0,)
+    axis.set_major_locator(LogLocator(base=10, subs=subs))
     axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}{suffix}"))
     axis.set_minor_formatter(NullFormatter())
 
 
 def _figure(size: tuple[float, float]) -> Figure:
-    fig = Figure(figsize=size)
+    fig = Figure(figsize=size, layout="constrained")  # keeps suptitles and outside legends clear
     FigureCanvasAgg(fig)
     return fig
 
@@ -67,38 +75,45 @@ def _legend_below(ax, n: int) -> None:
         ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.22), ncol=2, frameon=False)
 
 
+def _panels_note(shown: int, total: int) -> str:
+    return f" (first {shown} of {total} panels)" if total > shown else ""
+
+
 def fast_p_figure(curve: pl.DataFrame, label: str = "solution") -> Figure:
     """One panel per definition: fast_p against the threshold p (log axis), a line per `label`.
 
-    Lines that are zero everywhere (never passed) are left out and counted in the panel.
+    Lines that are zero everywhere (never passed) are left out and counted; past MAX_LINES
+    only the best (largest area under the curve) are drawn.
     """
     if curve.is_empty():
         return _empty("no evaluations")
     definitions = curve["definition"].unique().sort().to_list()
-    fig, axes = _grid(len(definitions), cell=(5.6, 5.0))
+    fig, axes = _grid(min(len(definitions), MAX_PANELS), cell=(5.6, 5.0))
     for ax, definition in zip(axes, definitions):
         part = curve.filter((pl.col("definition") == definition) & (pl.col("p") > 0))
-        never = 0
-        for (name,), line in part.sort(label, "p").group_by(label, maintain_order=True):
-            if line["fast_p"].max() == 0:
-                never += 1
-                continue
+        area = part.group_by(label).agg(pl.col("fast_p").sum().alias("area")).sort(["area", label], descending=[True, False])
+        never = area.filter(pl.col("area") == 0).height
+        drawn = area.filter(pl.col("area") > 0).head(MAX_LINES)[label].to_list()
+        for name in drawn:
+            line = part.filter(pl.col(label) == name).sort("p")
             ax.step(line["p"].to_list(), line["fast_p"].to_list(), where="post", linewidth=1.8,
                     label=_short(str(name), definition))
         ax.axvline(1.0, color="grey", linestyle="--", linewidth=0.8)
-        if never:
-            ax.text(0.98, 0.04, f"{never} {label}(s) never passed", transform=ax.transAxes, ha="right", fontsize=8,
+        hidden = area.height - never - len(drawn)
+        notes = ([f"{hidden} more not shown"] if hidden else []) + ([f"{never} never passed"] if never else [])
+        if notes:
+            ax.text(0.02, 0.03, "; ".join(notes), transform=ax.transAxes, ha="left", va="bottom", fontsize=8,
                     color="#555")
         ax.set_xscale("log")
-        _log_ticks(ax.xaxis, "×")
+        _log_ticks(ax, "x", "×")
         ax.set_ylim(-0.03, 1.05)
         ax.set_title(definition, fontsize=10)
         ax.set_xlabel("p (speedup threshold; dashed: p = 1)")
         ax.set_ylabel("fast_p")
         ax.grid(True, which="both", alpha=0.3)
-        _legend_below(ax, len(ax.get_lines()) - 1)
-    fig.suptitle("fast_p: share of workloads PASSED and more than p× faster than the reference")
-    fig.tight_layout()
+        _legend_below(ax, len(drawn))
+    fig.suptitle("fast_p: share of workloads PASSED and more than p× faster than the reference"
+                 + _panels_note(len(axes), len(definitions)))
     return fig
 
 
@@ -107,27 +122,34 @@ def speedup_by_axis_figure(series: pl.DataFrame, label: str = "solution") -> Fig
     if series.is_empty():
         return _empty("no PASSED evaluations with numeric var axes")
     panels = series.select("definition", "axis").unique().sort("definition", "axis").rows()
-    fig, axes = _grid(len(panels), cell=(5.6, 4.6))
+    fig, axes = _grid(min(len(panels), MAX_PANELS), cell=(5.6, 4.6))
     for ax, (definition, axis) in zip(axes, panels):
         part = series.filter((pl.col("definition") == definition) & (pl.col("axis") == axis)).sort("value")
-        for (name,), line in part.group_by(label, maintain_order=True):
+        best = (part.group_by(label).agg(pl.col("geomean_speedup").log().mean().alias("g"))
+                .sort(["g", label], descending=[True, False]))
+        drawn = best.head(MAX_LINES)[label].to_list()
+        for name in drawn:
+            line = part.filter(pl.col(label) == name)
             ax.plot(line["value"].to_list(), line["geomean_speedup"].to_list(), marker="o",
                     label=_short(str(name), definition))
+        if best.height > len(drawn):
+            ax.text(0.98, 0.04, f"{best.height - len(drawn)} slower not shown", transform=ax.transAxes, ha="right",
+                    fontsize=8, color="#555")
         ax.axhline(1.0, color="grey", linestyle="--", linewidth=0.8)
         values = part["value"]
         if values.min() > 0 and values.max() / values.min() >= 16:
             ax.set_xscale("log", base=2)
         ax.set_yscale("log")
-        _log_ticks(ax.yaxis, "×")
         speedups = part["geomean_speedup"]
         ax.set_ylim(min(speedups.min(), 1.0) / 1.6, max(speedups.max(), 1.0) * 1.6)
+        _log_ticks(ax, "y", "×")
         ax.set_title(definition, fontsize=10)
         ax.set_xlabel(axis)
         ax.set_ylabel("speedup (geomean, log)")
         ax.grid(True, which="both", alpha=0.3)
-        _legend_below(ax, len(part[label].unique()))
-    fig.suptitle("Speedup over the reference along each var axis (PASSED only; 1 = reference speed)")
-    fig.tight_layout()
+        _legend_below(ax, len(drawn))
+    fig.suptitle("Speedup over the reference along each var axis (PASSED only; 1 = reference speed)"
+                 + _panels_note(len(axes), len(panels)))
     return fig
 
 
@@ -162,7 +184,6 @@ def failure_figure(taxonomy: pl.DataFrame, reasons: pl.DataFrame, by: tuple[str,
         right.invert_yaxis()
         right.set_xlabel("failed evaluations")
         right.set_title("Commonest failure reasons (category: reason)")
-    fig.tight_layout()
     return fig
 
 
@@ -182,7 +203,6 @@ def ranking_figure(ranking: pl.DataFrame, p: float) -> Figure:
     ax.set_xlabel(f"fast_{p:g} averaged over definitions (95% bootstrap interval)")
     ax.set_title("Authors ranked; equal rank = difference within noise")
     ax.grid(True, axis="x", alpha=0.3)
-    fig.tight_layout()
     return fig
 
 
