@@ -8,6 +8,7 @@ solution was never run on counts against it. Nothing here reads files eagerly.
 
 from __future__ import annotations
 
+import math
 from typing import Iterable, Sequence
 
 import polars as pl
@@ -67,8 +68,6 @@ def leaderboard(units: pl.LazyFrame, ps: Sequence[float] = DEFAULT_PS) -> pl.Dat
 
 def p_grid(units: pl.LazyFrame, n: int = 80) -> list[float]:
     """Log-spaced thresholds spanning the passed speedups (at least 0.5 to 2.5), plus 0, 1, 1.5 and 2."""
-    import math
-
     lo, hi = (units.filter((pl.col("status") == PASSED) & (pl.col("speedup") > 0))
               .select(pl.col("speedup").min().alias("lo"), pl.col("speedup").max().alias("hi")).collect().row(0))
     low = max(1e-4, min(0.5, (lo or 1.0) / 1.5))
