@@ -1,6 +1,7 @@
 """Append-only, hive-partitioned Parquet trace store and its readers."""
 
 from fibray.store.columns import COLUMNS, PARTITION_COLUMNS, SCHEMA, to_row
+from fibray.store.compact import CompactionResult, compact_partition, recover
 from fibray.store.writer import StoreError, TraceStore, scan
 
-__all__ = ["COLUMNS", "PARTITION_COLUMNS", "SCHEMA", "StoreError", "TraceStore", "scan", "to_row"]
+__all__ = ["COLUMNS", "CompactionResult", "compact_partition", "recover", "PARTITION_COLUMNS", "SCHEMA", "StoreError", "TraceStore", "scan", "to_row"]
