@@ -226,16 +226,17 @@ class ArtifactCache:
             os.close(fd)  # closing releases the flock
 
 
-def compile_ahead(solution: Solution, cache_dir: str | Path) -> Optional[str]:
+def compile_ahead(solution: Solution, cache_dir: str | Path, timeout_s: float = 600.0) -> Optional[str]:
     """Compile a solution into the shared cache before any GPU sees it (a plain CPU task).
 
     Returns the error text of a failed compile (cached or fresh), or None when the solution
-    built or its language needs no compile. Raises BuildLockTimeout if the lock never came.
+    built or its language needs no compile; timeout_s bounds the compile (use the sweep's
+    eval.build_deadline_s). Raises BuildLockTimeout if another compiler held the key too long.
     Safe in `ray.remote(num_cpus=1)`: it needs nvcc, no GPU.
     """
     if compiler_for(solution.spec.language.value) is None:
         return None
-    result = ArtifactCache(cache_dir).ensure(solution)
+    result = ArtifactCache(cache_dir, compile_timeout_s=timeout_s, lock_deadline_s=timeout_s + 60).ensure(solution)
     return None if result.entry.status == "ok" else result.entry.message
 
 

@@ -58,7 +58,7 @@ from fibray.schema import Definition, Solution
 
 __all__ = [
     "CAbiArgumentError", "CudaLaunchError", "DeviceRequired", "bind", "build_cuda", "c_abi_argtypes",
-    "c_abi_arguments", "compile_solution", "cuda_arch", "gencode_flags", "load_artifact", "toolchain_fingerprint",
+    "c_abi_arguments", "c_abi_axis_sources", "compile_solution", "cuda_arch", "gencode_flags", "load_artifact", "toolchain_fingerprint",
 ]
 
 BUILDER_VERSION = "2"
@@ -175,11 +175,11 @@ def toolchain_fingerprint(solution: Solution) -> dict[str, str]:
     """Everything besides the sources that changes the artifact (part of the cache key)."""
     binding = solution.spec.binding or "torch"
     fp = {"builder": BUILDER_VERSION, "binding": binding, "nvcc": _tool_version(_nvcc_or_name()),
-          "arch": ",".join(cuda_arch())}
+          "cxx": _tool_version(_cxx()), "arch": ",".join(cuda_arch())}
     if binding == "torch":
         import torch
 
-        fp.update(torch=torch.__version__, torch_cuda=str(torch.version.cuda), cxx=_tool_version(_cxx()),
+        fp.update(torch=torch.__version__, torch_cuda=str(torch.version.cuda),
                   python=sysconfig.get_config_var("SOABI") or sys.version.split()[0])
     return fp
 
@@ -462,6 +462,11 @@ class _Marshal:
 def c_abi_arguments(definition: Definition, args: Sequence[Any]) -> list[int | float]:
     """The run_kernel arguments (pointers, scalars, var-axis sizes) for a DPS call's args."""
     return _Marshal(definition)(args)
+
+
+def c_abi_axis_sources(definition: Definition) -> list[tuple[int, int]]:
+    """For each var axis in order: (index among inputs+outputs, dimension) of the tensor it is read from."""
+    return list(_Marshal(definition).axes)
 
 
 class _CAbiCall:

@@ -104,10 +104,10 @@ def torch_shim_solution(solution: Solution, definition: Definition) -> Solution:
     Same kernel sources and calling convention (fibray.build.cuda); the shim passes data
     pointers, scalars (double / int64_t) and the var-axis sizes read off the tensors.
     """
-    from fibray.build.cuda import CAbiArgumentError, _Marshal
+    from fibray.build.cuda import CAbiArgumentError, c_abi_axis_sources
 
     try:
-        locations = _Marshal(definition).axes
+        locations = c_abi_axis_sources(definition)
     except CAbiArgumentError as e:
         raise ExportError(f"solution {solution.name!r}: {e}") from None
     entry = solution.entry_symbol
