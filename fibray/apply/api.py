@@ -44,7 +44,7 @@ def _route(target: Target, fallback: Callable[..., Any], args: tuple, kwargs: di
     if dispatcher is None:
         runtime.count_unknown(name)
         return fallback(*args, **kwargs)
-    return dispatcher(fallback, args, kwargs)
+    return dispatcher.dispatch(fallback, args, kwargs)
 
 
 @overload
@@ -81,13 +81,13 @@ def apply(
 
         @functools.wraps(fn)
         def wrapped(*call_args: Any, **call_kwargs: Any) -> Any:
+            fast = hooks.fast
+            if fast is not None and fixed is not None:  # apply on, no tracer, a named definition
+                dispatch = fast.get(fixed)
+                if dispatch is not None:
+                    return dispatch(fn, call_args, call_kwargs)
             if not hooks.active:
                 return fn(*call_args, **call_kwargs)
-            runtime = hooks.runtime
-            if fixed is not None and runtime is not None and hooks.tracer is None:  # the common case, inlined
-                dispatcher = runtime.dispatchers.get(fixed)
-                if dispatcher is not None:
-                    return dispatcher(fn, call_args, call_kwargs)
             return _route(target, fn, call_args, call_kwargs)
 
         wrapped.__fibray_target__ = target  # type: ignore[attr-defined]

@@ -1,26 +1,24 @@
-"""The per-call hot path: from a call's arguments to a verified solution, or to the fallback.
+"""Per-definition dispatch: from a call's arguments to a verified solution, or to the fallback.
 
 One Dispatcher per definition. Everything a call needs is precomputed into plain tuples
-and dicts keyed by the argument shapes, so a call costs a few attribute reads and one
-dict lookup: no pydantic, no JSON, no allocation beyond the outputs. A substituted
-solution that raises or returns NaN/Inf never reaches the caller: that call falls back,
-and the solution is switched off for the rest of the process.
+and a dict keyed by the argument shapes, so a call costs a few attribute reads and one
+dict lookup (the generated hot path, fibray.apply.hotpath): no pydantic, no JSON, no
+allocation beyond the outputs. A substituted solution that raises or returns NaN/Inf never
+reaches the caller: that call falls back, and the solution is switched off for the process.
 """
 
 from __future__ import annotations
 
-import logging
 import math
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 import torch
 
+from fibray.apply.hotpath import generate, make_probe
 from fibray.apply.index import Key
 from fibray.inputs import torch_dtype
 from fibray.schema import Definition
-
-log = logging.getLogger(__name__)
 
 HIT, BUCKETED, MISS = 0, 1, 2
 """Entry kinds: a measured key, an unseen key served by the nearest measured one, no substitution."""
@@ -33,7 +31,8 @@ class SolutionState:
 
     __slots__ = ("name", "hash", "fn", "dps", "calls", "check_left", "disabled")
 
-    def __init__(self, name: str, solution_hash: str, fn: Callable[..., Any], dps: bool, check_calls: Optional[int]) -> None:
+    def __init__(self, name: str, solution_hash: str, fn: Callable[..., Any], dps: bool,
+                 check_calls: Optional[int]) -> None:
         self.name = name
         self.hash = solution_hash
         self.fn = fn
@@ -46,7 +45,7 @@ class SolutionState:
         """Why the circuit breaker switched it off; None while it is live."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Entry:
     """What to do for one argument signature."""
 
@@ -59,7 +58,6 @@ class Entry:
 
 
 _MISS_ENTRY = Entry(None, MISS)
-_TENSOR = torch.Tensor
 
 
 def _all_finite(outputs: Any) -> bool:
@@ -69,7 +67,12 @@ def _all_finite(outputs: Any) -> bool:
 
 
 class Dispatcher:
-    """Routes the calls of one definition to its verified solutions."""
+    """Routes the calls of one definition to its verified solutions.
+
+    `dispatch(fallback, args, kwargs)` is the generated hot path (fibray.apply.hotpath); the
+    methods here are its slow paths: first sight of a signature, keyword or
+    destination-passing callers, misses, failures.
+    """
 
     def __init__(
         self,
@@ -97,25 +100,50 @@ class Dispatcher:
         self.n_in, self.n_out = len(specs), len(out_specs)
         self._n_all = self.n_in + self.n_out
         self._in_pos = tuple(i for i, s in enumerate(specs) if s.shape is not None)
-        self._all_pos = self._in_pos + tuple(self.n_in + j for j in range(self.n_out))
-        dtypes = [torch_dtype(s.dtype) for s in specs] + [torch_dtype(s.dtype) for s in out_specs]
         if not self._in_pos:
             raise ValueError(f"definition {definition.name!r} has no tensor inputs; apply cannot tell its device")
-        self._probe_in = make_probe([(i, dtypes[i]) for i in self._in_pos], cuda)
-        self._probe_all = make_probe([(i, dtypes[i]) for i in self._all_pos], cuda)
+        all_pos = self._in_pos + tuple(self.n_in + j for j in range(self.n_out))
+        dtypes = [torch_dtype(s.dtype) for s in specs] + [torch_dtype(s.dtype) for s in out_specs]
         self._out_dtypes = tuple(dtypes[self.n_in:])
         # where each var axis is read from: (index into the input signature, dimension)
         self._key_locs: list[tuple[str, int, int]] = []
+        tensor_specs = [specs[i] for i in self._in_pos]
         for axis in definition.var_axes:
-            locs = [(k, spec.shape.index(axis)) for k, spec in enumerate(specs[i] for i in self._in_pos) if axis in spec.shape]
+            locs = [(k, spec.shape.index(axis)) for k, spec in enumerate(tensor_specs) if axis in spec.shape]
             if not locs:
                 raise ValueError(f"definition {definition.name!r}: var axis {axis!r} appears in no input shape")
             self._key_locs.append((axis, *locs[0]))
         self._first = self._in_pos[0]
-        self.hits = self.bucketed = self.misses = self.fallbacks = 0
-        self.table: dict[tuple, Entry] = {}
+        self.counts = [0, 0, 0]
+        """Substituted calls by entry kind (HIT, BUCKETED)."""
+        self.misses = self.fallbacks = 0
+        self._box: list[dict[tuple, Entry]] = [{}]
         self._memo = 0
+        self._probe_all = make_probe([(i, dtypes[i]) for i in all_pos], cuda)
+        self.dispatch = generate(
+            self.n_in, [(i, dtypes[i]) for i in self._in_pos], single_output=self.n_out == 1, cuda=cuda,
+            env={"general": self._call_general, "miss": self._miss, "resolve": self._resolve,
+                 "call_dps_winner": self._call_dps_winner, "normalize": self._normalize,
+                 "outputs_ok": self._outputs_ok, "failed": self._failed, "raised": self._raised,
+                 "box": self._box, "counts": self.counts},
+        )
         self.compile()
+
+    @property
+    def hits(self) -> int:
+        return self.counts[HIT]
+
+    @property
+    def bucketed(self) -> int:
+        return self.counts[BUCKETED]
+
+    @property
+    def table(self) -> dict[tuple, Entry]:
+        """Argument signature (shapes) -> entry: measured keys, then signatures resolved on first sight."""
+        return self._box[0]
+
+    def __call__(self, fallback: Callable[..., Any], args: tuple, kwargs: dict[str, Any]) -> Any:
+        return self.dispatch(fallback, args, kwargs)
 
     # -- tables --------------------------------------------------------------------------
     def compile(self) -> None:
@@ -130,7 +158,7 @@ class Dispatcher:
             entry = Entry(live, HIT, tuple(zip(outs, self._out_dtypes)))
             table[ins] = entry
             table[ins + outs] = entry
-        self.table = table
+        self._box[0] = table  # one reference swap: a concurrent call sees the old table or the new one
         self._memo = 0
 
     def _shapes(self, axes: dict[str, int]) -> tuple[Shapes, Shapes]:
@@ -147,8 +175,8 @@ class Dispatcher:
                 return state
         return None
 
-    def _resolve(self, sig: tuple) -> Entry:
-        """Slow path for a signature not in the table: validate it, bucket it, remember it."""
+    def _resolve(self, table: dict[tuple, Entry], sig: tuple) -> Entry:
+        """First sight of a signature: validate it against the definition, bucket it, remember it."""
         n = len(self._in_pos)
         ins = tuple(tuple(s) for s in sig[:n])
         axes: dict[str, int] = {}
@@ -164,108 +192,75 @@ class Dispatcher:
             if state is not None:
                 entry = Entry(state, BUCKETED, tuple(zip(want_out, self._out_dtypes)))
         if self._memo < self._cache_size:
-            self.table[sig] = entry
+            table[sig] = entry
             self._memo += 1
         return entry
 
-    # -- the call ------------------------------------------------------------------------
-    def __call__(self, fallback: Callable[..., Any], args: tuple, kwargs: dict[str, Any]) -> Any:
-        """Call the verified solution for these arguments, or the fallback."""
-        if kwargs or len(args) != self.n_in:
-            return self._call_general(fallback, args, kwargs)
-        try:
-            sig = self._probe_in(args)
-        except AttributeError:  # a tensor input given as something else
-            sig = None
-        if sig is None:
-            self.misses += 1
-            return fallback(*args)
-        entry = self.table.get(sig)
-        if entry is None:
-            entry = self._resolve(sig)
-        state = entry.state
-        if state is None:
-            self.misses += 1
-            return fallback(*args)
-        try:
-            if state.dps:
-                outs = [torch.empty(s, dtype=d, device=args[self._first].device) for s, d in entry.outs]
-                state.fn(*args, *outs)
-                result: Any = outs[0] if self.n_out == 1 else tuple(outs)
-            else:
-                result = state.fn(*args)
-                if type(result) is not _TENSOR or self.n_out != 1:
-                    result = self._normalize(result)
-            if state.check_left:
-                if not _all_finite(result):
-                    self._failed(state, "returned non-finite outputs")
-                    return fallback(*args)
-                if state.check_left > 0:
-                    state.check_left -= 1
-        except Exception as e:  # the safety net: any failure of a substituted solution falls back
-            return self._after_exception(state, e, fallback, args, {})
-        state.calls += 1
-        if entry.kind == HIT:
-            self.hits += 1
-        else:
-            self.bucketed += 1
-        return result
+    # -- slow paths of a call --------------------------------------------------------------
+    def _miss(self, fallback: Callable[..., Any], args: tuple, kwargs: Optional[dict[str, Any]] = None) -> Any:
+        self.misses += 1
+        return fallback(*args, **(kwargs or {}))
 
     def _call_general(self, fallback: Callable[..., Any], args: tuple, kwargs: dict[str, Any]) -> Any:
         """Keyword arguments, or a destination-passing caller (inputs then outputs)."""
         call_args = self._bind(args, kwargs) if kwargs else args
         if call_args is not None and len(call_args) == self.n_in:
-            return self(lambda *a: fallback(*args, **kwargs), call_args, {})
+            return self.dispatch(lambda *_: fallback(*args, **kwargs), call_args, {})
         if call_args is None or len(call_args) != self._n_all:
-            self.misses += 1
-            return fallback(*args, **kwargs)
+            return self._miss(fallback, args, kwargs)
         try:
             sig = self._probe_all(call_args)
         except AttributeError:
             sig = None
-        entry = self.table.get(sig) if sig is not None else _MISS_ENTRY
-        if entry is None:
-            entry = self._resolve(sig)
+        if sig is None:
+            return self._miss(fallback, args, kwargs)
+        table = self._box[0]
+        entry = table.get(sig) or self._resolve(table, sig)
         state = entry.state
         if state is None:
-            self.misses += 1
-            return fallback(*args, **kwargs)
+            return self._miss(fallback, args, kwargs)
+        outs = call_args[self.n_in:]
         try:
-            result = self._call_dps(state, call_args)
+            if state.dps:
+                state.fn(*call_args)
+                result: Any = outs
+            else:
+                result = self._normalize(state.fn(*call_args[: self.n_in]))
+            ok = not state.check_left or self._outputs_ok(state, result)
+            if ok and not state.dps:
+                for out, value in zip(outs, (result,) if self.n_out == 1 else result):
+                    out.copy_(value)
         except Exception as e:
-            return self._after_exception(state, e, fallback, args, kwargs)
-        if result is _NON_FINITE:
-            self._failed(state, "returned non-finite outputs")
-            return fallback(*args, **kwargs)
+            return self._raised(state, e, fallback, args, kwargs)
+        if not ok:
+            return self._failed(state, "returned non-finite outputs", fallback, args, kwargs)
         state.calls += 1
-        if entry.kind == HIT:
-            self.hits += 1
-        else:
-            self.bucketed += 1
+        self.counts[entry.kind] += 1
+        return outs[0] if self.n_out == 1 else tuple(outs)
+
+    def _call_dps_winner(self, state: SolutionState, entry: Entry, fallback: Callable[..., Any], args: tuple) -> Any:
+        """A value-returning caller served by a destination-passing solution: allocate its outputs."""
+        try:
+            device = args[self._first].device
+            outs = [torch.empty(shape, dtype=dtype, device=device) for shape, dtype in entry.outs]
+            state.fn(*args, *outs)
+            result: Any = outs[0] if self.n_out == 1 else tuple(outs)
+            ok = not state.check_left or self._outputs_ok(state, result)
+        except Exception as e:
+            return self._raised(state, e, fallback, args, {})
+        if not ok:
+            return self._failed(state, "returned non-finite outputs", fallback, args, {})
+        state.calls += 1
+        self.counts[entry.kind] += 1
         return result
 
-    def _after_exception(self, state: SolutionState, e: Exception, fallback: Callable[..., Any], args: tuple,
-                         kwargs: dict[str, Any]) -> Any:
-        if self._cuda and torch.cuda.is_current_stream_capturing():
-            raise e  # a capture cannot fall back; the caller's graph is already broken
-        self._failed(state, f"raised {type(e).__name__}: {e}")
-        return fallback(*args, **kwargs)
-
-    def _call_dps(self, state: SolutionState, args: tuple) -> Any:
-        outs = args[self.n_in:]
-        if state.dps:
-            state.fn(*args)
-            if state.check_left and not _all_finite(outs):
-                return _NON_FINITE
-        else:
-            result = self._normalize(state.fn(*args[: self.n_in]))
-            if state.check_left and not _all_finite(result):
-                return _NON_FINITE
-            for out, value in zip(outs, (result,) if self.n_out == 1 else result):
-                out.copy_(value)
+    def _outputs_ok(self, state: SolutionState, result: Any) -> bool:
+        """NaN/Inf check of a substituted call (while the solution's check budget lasts)."""
+        if not _all_finite(result):
+            return False
         if state.check_left > 0:
             state.check_left -= 1
-        return outs[0] if self.n_out == 1 else tuple(outs)
+        return True
 
     def _normalize(self, result: Any) -> Any:
         """A value-returning solution's result as the fallback would give it: a tensor, or a tuple."""
@@ -285,51 +280,18 @@ class Dispatcher:
             return None
         return (*args, *bound)
 
-    def _failed(self, state: SolutionState, why: str) -> None:
+    def _failed(self, state: SolutionState, why: str, fallback: Callable[..., Any], args: tuple,
+                kwargs: dict[str, Any]) -> Any:
+        """The substitute failed this call: switch it off, answer with the fallback."""
         self.fallbacks += 1
         self._on_failure(state, why)
+        return fallback(*args, **kwargs)
 
-
-def make_probe(guard: list[tuple[int, torch.dtype]], cuda: bool) -> Callable[[tuple], Optional[tuple]]:
-    """A function of the call's arguments: their shapes, or None when a guard fails.
-
-    Guards: each tensor has the definition's dtype and is contiguous (as the sweep verified
-    it), is on the GPU when the index is a GPU one, and autograd is not watching it. The
-    function is generated with the positions unrolled (as dataclasses generate __init__),
-    because a loop over them costs more than the reads themselves. For inputs (x, w):
-
-        def probe(args):
-            a0 = args[0]; a1 = args[1]
-            if a0.dtype is not D0 or a1.dtype is not D1 or not a0.is_contiguous() or not a1.is_contiguous():
-                return None
-            if grad_enabled() and (a0.requires_grad or a1.requires_grad):
-                return None
-            return (a0.shape, a1.shape)
-    """
-    names = [f"a{k}" for k in range(len(guard))]
-    env: dict[str, Any] = {f"D{k}": dtype for k, (_, dtype) in enumerate(guard)}
-    env["grad_enabled"] = torch.is_grad_enabled
-    conds = [f"{a}.dtype is not D{k}" for k, a in enumerate(names)] + [f"not {a}.is_contiguous()" for a in names]
-    if cuda:
-        conds.append(f"not {names[0]}.is_cuda")
-    body = [
-        "def probe(args):",
-        "    " + "; ".join(f"{a} = args[{i}]" for a, (i, _) in zip(names, guard)),
-        f"    if {' or '.join(conds)}:",
-        "        return None",
-        f"    if grad_enabled() and ({' or '.join(f'{a}.requires_grad' for a in names)}):",
-        "        return None",
-        f"    return ({''.join(f'{a}.shape, ' for a in names)})",
-    ]
-    exec(compile("\n".join(body), f"<fibray.apply probe {len(guard)}>", "exec"), env)
-    return env["probe"]
-
-
-class _NonFinite:
-    __slots__ = ()
-
-
-_NON_FINITE = _NonFinite()
+    def _raised(self, state: SolutionState, e: Exception, fallback: Callable[..., Any], args: tuple,
+                kwargs: dict[str, Any]) -> Any:
+        if self._cuda and torch.cuda.is_current_stream_capturing():
+            raise e  # a capture cannot fall back; the caller's graph is already broken
+        return self._failed(state, f"raised {type(e).__name__}: {e}", fallback, args, kwargs)
 
 
 def _distance(a: Key, b: Key) -> float:

@@ -123,7 +123,8 @@ def build_index(
             )
         if reason is None:
             settings = json.loads(row["settings"])
-            expected_id = content_hash(def_json[name], json.loads(row["workload"]), row["solution"], solution.hash, settings)
+            workload = json.loads(row["workload"])
+            expected_id = content_hash(def_json[name], workload, row["solution"], solution.hash, settings)
             if expected_id != row["job_id"]:
                 reason = "stale"  # the definition, workload or settings changed since the evaluation
         if reason is not None:

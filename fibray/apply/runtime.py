@@ -100,6 +100,8 @@ class ApplyRuntime:
                 )
             except ValueError as e:
                 log.warning("apply: %s; its calls will use the fallback", e)
+        self.dispatch_functions = {name: d.dispatch for name, d in self.dispatchers.items()}
+        """Definition name -> generated dispatch function (what decorated functions call)."""
 
     def _built(self, candidates: list) -> list[SolutionState]:
         """The first `candidates_per_key` candidates that build, fastest first."""
@@ -214,7 +216,8 @@ def build_runtime(
         log.warning("apply: %s is set; every call will use its fallback", DISABLE_ENV)
         return ApplyRuntime({}, IndexReport(), config, disabled_reason=f"{DISABLE_ENV} is set")
     if not isinstance(dataset, Dataset):
-        dataset = load_dataset(dataset, definitions=config.definitions, solution_roots=solution_roots, require_blobs=False)
+        dataset = load_dataset(dataset, definitions=config.definitions, solution_roots=solution_roots,
+                               require_blobs=False)
     running = running_environment()
     index, report = build_index(read_rows(store, config.sweeps), dataset.definitions, dataset.solutions.values(),
                                 running, config)
