@@ -59,7 +59,8 @@ SOLUTIONS = [
     # ...and one that is fastest at n=2 but wrong beyond n=8 (fails the sweep at n=32)
     _solution("bucket_h64", "small_only", "return x * w if x.shape[0] <= 8 else x * w * 2", author="agent-x"),
     # fragile_h64: the winner raises on inputs the sweep never drew; the runner-up is slower
-    _solution("fragile_h64", "raises", "if x.abs().max() > 100:\n    raise ValueError('range not supported')\nreturn x * w"),
+    _solution("fragile_h64", "raises",
+              "if x.abs().max() > 100:\n    raise ValueError('range not supported')\nreturn x * w"),
     _solution("fragile_h64", "steady", "time.sleep(0.002)\nreturn x * w"),
     # overflow_h64: the winner overflows to inf in fp16 on large inputs; the runner-up is slower
     _solution("overflow_h64", "fp16", "return (x.half() * w.half()).float()"),

@@ -177,7 +177,8 @@ def test_rows_judged_looser_than_the_configured_tolerance_are_not_used(toy):
 def test_rows_of_a_since_changed_definition_are_not_used(toy):
     dataset, store = toy
     ds = load_dataset(dataset, definitions=["scale_h64"], require_blobs=False)
-    changed = ds.definitions["scale_h64"].model_copy(update={"reference": "import torch\n\ndef run(x, w):\n    return w * x\n"})
+    new_reference = "import torch\n\ndef run(x, w):\n    return w * x\n"
+    changed = ds.definitions["scale_h64"].model_copy(update={"reference": new_reference})
     index, report = build_index(read_rows(store), {"scale_h64": changed}, ds.solutions.values(),
                                 running_environment(), ApplyConfig())
     assert "scale_h64" not in index

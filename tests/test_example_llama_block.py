@@ -27,7 +27,8 @@ def shared_workdir():
 def test_llama_block_example_substitutes_verified_kernels_and_matches_plain_pytorch(shared_workdir, tmp_path):
     report_path = tmp_path / "report.json"
     proc = subprocess.run(
-        [sys.executable, "-m", "examples.llama_block", "--workdir", str(shared_workdir / "work"), "--json", str(report_path)],
+        [sys.executable, "-m", "examples.llama_block",
+         "--workdir", str(shared_workdir / "work"), "--json", str(report_path)],
         cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True, timeout=400,
     )
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]

@@ -18,7 +18,8 @@ from fibray.build import prepare_triton
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m examples.llama_block", description=__doc__)
-    parser.add_argument("--workdir", type=Path, default=None, help="where the dataset and store go (default: a temp dir)")
+    parser.add_argument("--workdir", type=Path, default=None,
+                        help="where the dataset and store go (default: a temp dir)")
     parser.add_argument("--config", default="tiny", help="block shape: tiny (CI) or llama3_8b (GPU)")
     parser.add_argument("--json", type=Path, default=None, help="also write the report as JSON here")
     parser.add_argument("-v", "--verbose", action="store_true")

@@ -138,7 +138,8 @@ def solutions(c: BlockConfig) -> list[Solution]:
                     "name": f"{d.name}_{kernel}", "definition": d.name, "author": author, "description": description,
                     "spec": {"language": "python", "target_hardware": ["cuda", "cpu"], "entry_point": "main.py::run",
                              "destination_passing_style": False},
-                    "sources": [{"path": "main.py", "content": (KERNELS / f"attention_{kernel}.py").read_text(encoding="utf-8")}],
+                    "sources": [{"path": "main.py",
+                                 "content": (KERNELS / f"attention_{kernel}.py").read_text(encoding="utf-8")}],
                 }))
     return out
 

@@ -66,7 +66,8 @@ def batches(config: BlockConfig, lengths: list[list[int]], seed: int = 0) -> lis
     return [pack_prompts(sample_prompts(ls, config.vocab, seed + i), device()) for i, ls in enumerate(lengths)]
 
 
-def trace_block(block: DecoderBlock, dataset: Path, inputs: list[tuple[torch.Tensor, ...]]) -> tuple[list[torch.Tensor], int]:
+def trace_block(block: DecoderBlock, dataset: Path,
+                inputs: list[tuple[torch.Tensor, ...]]) -> tuple[list[torch.Tensor], int]:
     """Run the block on the inputs while tracing; returns its (plain PyTorch) outputs and new workloads."""
     with torch.inference_mode(), trace(dataset, dataset, workload_set=WORKLOAD_SET) as tracer:
         outputs = [block(*b) for b in inputs]
@@ -85,6 +86,35 @@ def sweep(dataset: Path, store: Path, name: str, eval_settings: dict[str, Any], 
         "eval": eval_settings,
     })
     return run_sweep(cfg)
+
+
+def sweep_in_process(dataset: Path, store: Path, name: str, eval_settings: dict[str, Any],
+                     workload_set: Optional[str] = WORKLOAD_SET) -> dict[str, int]:
+    """The same jobs as `sweep`, judged in this process by fibray.evaluate.Evaluator: no Ray, no sandbox.
+
+    For benchmarks on a machine where the Ray sweep cannot run; the rows are the same kind.
+    """
+    import tempfile
+    from collections import Counter
+
+    from fibray.dataset import load_dataset
+    from fibray.evaluate import Evaluator, now_iso
+    from fibray.schema import JobResult
+    from fibray.store import TraceStore, to_row
+    from fibray.sweep import make_jobs, validate_config
+
+    cfg = validate_config({"dataset": {"root": str(dataset), "workload_set": workload_set},
+                           "store": {"root": str(store)}, "sweep": {"name": name}, "eval": eval_settings})
+    evaluator = Evaluator(Path(tempfile.mkdtemp(prefix="fibray-in-process-")))
+    rows, counts = [], Counter()
+    for job in make_jobs(load_dataset(dataset, workload_set=workload_set), cfg):
+        started = now_iso()
+        evaluation = evaluator.evaluate(job)
+        counts[evaluation.status.value] += 1
+        rows.append(to_row(job, JobResult(job_id=job.job_id, evaluation=evaluation, worker="in-process",
+                                          started_at=started, finished_at=now_iso())))
+    TraceStore(store).append(rows)
+    return dict(counts)
 
 
 def winners(runtime: ApplyRuntime) -> dict[str, list[str]]:
@@ -134,7 +164,8 @@ def run_pipeline(
     diffs = [(a.float() - p.float()).abs().max().item() for a, p in zip(applied, plain)]
     close = all(torch.allclose(a.float(), p.float(), atol=atol, rtol=rtol) for a, p in zip(applied, plain))
     return PipelineReport(
-        dataset=str(dataset), store=str(store), definitions=n_definitions, traced_workloads=written, sweep_counts=dict(report.counts),
+        dataset=str(dataset), store=str(store), definitions=n_definitions, traced_workloads=written,
+        sweep_counts=dict(report.counts),
         sweep_wall_s=round(sweep_wall, 1), hits=stats.hits, bucketed=stats.bucketed, misses=stats.misses,
         fallbacks=stats.fallbacks, solution_calls={k: v for k, v in stats.solution_calls.items() if v},
         max_abs_diff=max(diffs), within_tolerance=close, winners=winners(runtime),

@@ -150,7 +150,7 @@ class DumpStructured:
 
     def select(self, definition: Definition, inputs: dict[str, Any]) -> list[str]:
         return [n for n, v in inputs.items()
-                if isinstance(v, torch.Tensor) and (v.dtype == torch.bool or not (v.is_floating_point() or v.is_complex()))]
+                if isinstance(v, torch.Tensor) and not (v.is_floating_point() or v.is_complex())]
 
 
 @register_dump("all")

@@ -171,7 +171,8 @@ class Tracer:
             if not self._dedup[name].admit(axes):
                 self.stats.duplicates += 1
                 return
-            keep = self._dump[name].select(definition, {n: v for n, v in inputs.items() if definition.inputs[n].shape is not None})
+            tensors_in = {n: v for n, v in inputs.items() if definition.inputs[n].shape is not None}
+            keep = self._dump[name].select(definition, tensors_in)
             tensors = {n: inputs[n].detach().to("cpu", copy=True) for n in keep}
             self._pending.append(TracedCall(name, axes, tensors, scalars))
             self.stats.recorded += 1

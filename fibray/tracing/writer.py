@@ -91,7 +91,8 @@ def ensure_definitions(root: Path, definitions: Mapping[str, Definition]) -> Non
 def _known_uuids(path: Path) -> set[str]:
     if not path.is_file():
         return set()
-    return {json.loads(line)["workload"]["uuid"] for line in path.read_text(encoding="utf-8").splitlines() if line.strip()}
+    lines = path.read_text(encoding="utf-8").splitlines()
+    return {json.loads(line)["workload"]["uuid"] for line in lines if line.strip()}
 
 
 def write_calls(root: Path, definitions: Mapping[str, Definition], calls: list[TracedCall], workload_set: str) -> int:
@@ -122,7 +123,8 @@ def write_calls(root: Path, definitions: Mapping[str, Definition], calls: list[T
                 inputs.update({k: SafetensorsInput(path=rel.as_posix(), tensor_key=k) for k in tensors})
             inputs.update({k: ScalarInput(value=v) for k, v in call.scalars.items()})
             ordered = {k: inputs.get(k, RandomInput()) for k in d.inputs}
-            trace = Trace(definition=name, workload=Workload(axes=call.axes, inputs=ordered, uuid=wid), solution=None, evaluation=None)
+            workload = Workload(axes=call.axes, inputs=ordered, uuid=wid)
+            trace = Trace(definition=name, workload=workload, solution=None, evaluation=None)
             lines.append(json.dumps(trace.model_dump(mode="json"), sort_keys=False))
         if lines:
             jsonl.parent.mkdir(parents=True, exist_ok=True)
