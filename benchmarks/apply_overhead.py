@@ -1,0 +1,162 @@
+"""Cost per call of apply()'s dispatch against a direct call, in one run (CPU or GPU).
+
+Builds a one-definition dataset whose winning solution has the same body as the direct
+function (y = x * w on a [8, 64] tensor), evaluates it in-process into a temporary store,
+enables apply from that store and times each path with the same inputs:
+
+    python benchmarks/apply_overhead.py [--calls 5000] [--repeats 21]
+
+Prints ns/call per path, the overhead over the direct call, and the ratio. The goal is a
+dispatch overhead (hit, no output check) under 1000 ns/call.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from fibray.build import prepare_triton  # noqa: E402
+
+prepare_triton()  # before anything imports triton
+
+import torch  # noqa: E402
+
+from fibray.apply import ApplyConfig, apply, build_runtime, disable_apply  # noqa: E402
+
+H, N_MEASURED, N_UNSEEN = 64, 8, 9
+DEFINITION = {
+    "name": "bench_scale_h64", "op_type": "scale", "description": "y = x * w (apply overhead benchmark).",
+    "axes": {"n": {"type": "var"}, "h": {"type": "const", "value": H}},
+    "inputs": {"x": {"shape": ["n", "h"], "dtype": "float32"}, "w": {"shape": ["h"], "dtype": "float32"}},
+    "outputs": {"y": {"shape": ["n", "h"], "dtype": "float32"}},
+    "reference": "import torch\n\ndef run(x, w):\n    return x * w\n",
+}
+
+
+def _solution(suffix: str, source: str, dps: bool) -> dict[str, Any]:
+    return {"name": f"bench_scale_h64_{suffix}", "definition": DEFINITION["name"], "author": "benchmark",
+            "spec": {"language": "python", "target_hardware": ["cpu", "cuda"], "entry_point": "main.py::run",
+                     "destination_passing_style": dps},
+            "sources": [{"path": "main.py", "content": source}]}
+
+
+SOLUTIONS = [
+    _solution("value", "def run(x, w):\n    return x * w\n", dps=False),
+    _solution("dps", "import torch\n\n\ndef run(x, w, y):\n    torch.mul(x, w, out=y)\n", dps=True),
+]
+
+
+def scale(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """The direct call (and the fallback): the same body as the value-returning solution."""
+    return x * w
+
+
+def make_store(root: Path) -> tuple[Path, Path]:
+    """A dataset with the definition, its two solutions and one workload, judged into a store in-process."""
+    from examples.llama_block.pipeline import sweep_in_process
+
+    dataset, store = root / "dataset", root / "store"
+    (dataset / "definitions").mkdir(parents=True)
+    (dataset / "definitions" / "bench_scale_h64.json").write_text(json.dumps(DEFINITION))
+    (dataset / "solutions").mkdir()
+    for sol in SOLUTIONS:
+        (dataset / "solutions" / f"{sol['name']}.json").write_text(json.dumps(sol))
+    (dataset / "workloads").mkdir()
+    workload = {"uuid": "bench-n8", "axes": {"n": N_MEASURED},
+                "inputs": {"x": {"type": "random"}, "w": {"type": "random"}}}
+    (dataset / "workloads" / "bench.jsonl").write_text(
+        json.dumps({"definition": DEFINITION["name"], "workload": workload}) + "\n")
+    counts = sweep_in_process(dataset, store, "bench", {"warmup": 1, "iterations": 5, "trials": 1}, workload_set=None)
+    if counts != {"PASSED": len(SOLUTIONS)}:
+        raise SystemExit(f"benchmark setup: every solution must pass, got {counts}")
+    return dataset, store
+
+
+def time_paths(paths: list[tuple[str, Callable[..., Any], tuple, Any]], calls: int, repeats: int,
+               sync: Callable[[], None]) -> list[float]:
+    """Median ns/call of each path; the paths take turns in every repeat, so drift hits them alike."""
+    samples: list[list[float]] = [[] for _ in paths]
+    for repeat in range(repeats + 1):
+        for i, (_, fn, args, rt) in enumerate(paths):
+            if rt is not None:
+                rt.activate()
+            n = calls if repeat else max(calls // 10, 100)   # repeat 0 warms up
+            sync()
+            t0 = time.perf_counter_ns()
+            for _ in range(n):
+                fn(*args)
+            sync()
+            if repeat:
+                samples[i].append((time.perf_counter_ns() - t0) / n)
+            disable_apply()
+    return [statistics.median(s) for s in samples]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--calls", type=int, default=5000, help="calls per path per repeat")
+    parser.add_argument("--repeats", type=int, default=21, help="timed repeats (the median is reported)")
+    args = parser.parse_args()
+    device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    torch.set_grad_enabled(False)
+    logging.getLogger("fibray.apply").setLevel(logging.ERROR)  # switching off the other solution is expected
+    torch.set_num_threads(1)  # the op is tiny; one thread keeps the pool's wake-ups out of the figures
+
+    root = Path(tempfile.mkdtemp(prefix="fibray-apply-overhead-"))
+    dataset, store = make_store(root)
+
+    def runtime(keep: str, **config: Any):
+        rt = build_runtime(store, dataset, config=ApplyConfig(workdir=str(root / "builds"), **config))
+        for other in SOLUTIONS:
+            if other["name"] != keep:
+                rt.switch_off(other["name"], "not the path being measured")
+        return rt
+
+    gen = torch.Generator(device=device).manual_seed(0)
+    x = torch.randn(N_MEASURED, H, device=device, generator=gen)
+    w = torch.randn(H, device=device, generator=gen)
+    x_unseen = torch.randn(N_UNSEEN, H, device=device, generator=gen)
+    wrapped = apply(DEFINITION["name"])(scale)
+    value, dps = "bench_scale_h64_value", "bench_scale_h64_dps"
+
+    paths: list[tuple[str, Callable[..., Any], tuple, Any]] = [
+        ("direct call", scale, (x, w), None),
+        ("apply idle (nothing enabled)", wrapped, (x, w), None),
+        ("hit, no output check", wrapped, (x, w), runtime(value, finite_check_calls=0)),
+        ("hit, NaN/Inf check every call", wrapped, (x, w), runtime(value)),
+        ("hit, destination-passing winner", wrapped, (x, w), runtime(dps, finite_check_calls=0)),
+        ("bucketed hit (unseen n)", wrapped, (x_unseen, w), runtime(value, finite_check_calls=0)),
+        ("miss -> fallback", wrapped, (x_unseen, w), runtime(value, on_miss="fallback")),
+    ]
+    timings = time_paths(paths, args.calls, args.repeats, sync)
+    results = [(label, ns, rt) for (label, _, _, rt), ns in zip(paths, timings)]
+
+    env = f"{torch.cuda.get_device_name() if device.type == 'cuda' else 'cpu-' + platform.machine()}, " \
+          f"torch {torch.__version__}, python {platform.python_version()}"
+    print(f"apply() dispatch overhead - {env}; {args.calls} calls x {args.repeats} repeats, median; "
+          f"x [{N_MEASURED}, {H}] float32 on {device.type}")
+    print(f"{'path':34s} {'ns/call':>9s} {'overhead ns':>12s} {'ratio':>7s}  counters")
+    direct = results[0][1]
+    for label, ns, rt in results:
+        s = rt.stats() if rt is not None else None
+        counters = f"hits={s.hits} bucketed={s.bucketed} misses={s.misses} fallbacks={s.fallbacks}" if s else ""
+        print(f"{label:34s} {ns:9.0f} {ns - direct:12.0f} {ns / direct:7.2f}  {counters}")
+    hit = results[2][1] - direct
+    print(f"dispatch overhead on a hit (no output check): {hit:.0f} ns/call "
+          f"({'meets' if hit < 1000 else 'misses'} the < 1000 ns goal)")
+
+
+if __name__ == "__main__":
+    main()
