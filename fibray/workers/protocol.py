@@ -1,6 +1,8 @@
 """Messages between a slot supervisor and its executor, over one socket, with deadlines.
 
-CUDA tensors travel as CUDA IPC handles (no copy); everything else is pickled by value.
+Everything travels by value: CUDA tensors are copied to host memory and rebuilt on the
+receiver's device. (CUDA IPC handles would avoid the copy, but an executor runs as another
+user, and IPC mappings across users fail on some hosts: seen on the H200 machine.)
 Every receive has a deadline: a silent executor is a hung executor.
 """
 
@@ -44,12 +46,14 @@ class Reply:
     reason: str = ""
 
 
+def _on_device(host: torch.Tensor, device: str) -> torch.Tensor:
+    return host.to(device) if torch.cuda.is_available() else host
+
+
 class _Pickler(pickle.Pickler):
     def reducer_override(self, obj: Any):
         if isinstance(obj, torch.Tensor) and obj.is_cuda:
-            from torch.multiprocessing.reductions import reduce_tensor
-
-            return reduce_tensor(obj)
+            return _on_device, (obj.detach().to("cpu"), str(obj.device))
         return NotImplemented
 
 
