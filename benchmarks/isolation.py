@@ -51,12 +51,11 @@ def main() -> None:
             assert r.evaluation.status.value == "PASSED", r.evaluation.log
             assert r.isolation == mode
         times[mode] = per
+        print(f"{mode:10s}: median {statistics.median(per):.3f}s/eval  mean {statistics.fmean(per):.3f}s  max {max(per):.3f}s", flush=True)
     slot.shutdown()
     dev = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
     med = statistics.median
     print(f"device: {dev}; {args.jobs} jobs per mode; spares: {args.spares}; job: rmsnorm_h4096_torch, 1 trial, 3 iterations")
-    for mode, per in times.items():
-        print(f"{mode:10s}: median {med(per):.3f}s/eval  mean {statistics.fmean(per):.3f}s  max {max(per):.3f}s")
     print(f"ratio isolated / persistent: {med(times['isolated']) / med(times['persistent']):.2f}x")
 
 

@@ -47,6 +47,7 @@ def main() -> None:
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--actor-repeats", type=int, default=2)
     args = ap.parse_args()
     workdir = tempfile.mkdtemp(prefix="fibray-recovery-", dir="/tmp")
     os.chmod(workdir, 0o755)
@@ -70,12 +71,20 @@ def main() -> None:
         slot.shutdown()
         return out
 
+    import torch
+
+    med = statistics.median
+    dev = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+    print(f"device: {dev}; repeats: {args.repeats}; job: rmsnorm_h4096_torch, 1 trial, 3 iterations", flush=True)
     warm = measure(standby=True)
+    print(f"standby takeover (kill -> next verdict): median {med(warm):.3f}s  all {[round(x, 3) for x in warm]}", flush=True)
     cold = measure(standby=False)
+    print(f"cold executor    (kill -> next verdict): median {med(cold):.3f}s  all {[round(x, 3) for x in cold]}", flush=True)
+    print(f"ratio cold executor / standby: {med(cold) / med(warm):.1f}x", flush=True)
     ray.init(include_dashboard=False, log_to_driver=False, num_gpus=1 if not _cuda() else None)
     remote = ray.remote(GpuSlot)
     actor_times = []
-    for i in range(max(2, args.repeats // 2)):
+    for i in range(args.actor_repeats):
         t0 = time.perf_counter()
         a = remote.options(num_gpus=1, num_cpus=0).remote("bench", None, workdir, None, True, 0)
         r = ray.get(a.evaluate.remote(_job(0), "persistent", now_iso()), timeout=600)
@@ -84,15 +93,8 @@ def main() -> None:
         ray.get(a.shutdown.remote())
         ray.kill(a)
     ray.shutdown()
-    med = statistics.median
-    import torch
-
-    dev = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
-    print(f"device: {dev}; repeats: {args.repeats}; job: rmsnorm_h4096_torch, 1 trial, 3 iterations")
-    print(f"standby takeover (kill -> next verdict): median {med(warm):.3f}s  all {[round(x, 3) for x in warm]}")
-    print(f"cold executor    (kill -> next verdict): median {med(cold):.3f}s  all {[round(x, 3) for x in cold]}")
     print(f"cold Ray actor   (create -> first verdict): median {med(actor_times):.3f}s  all {[round(x, 3) for x in actor_times]}")
-    print(f"ratio cold executor / standby: {med(cold) / med(warm):.1f}x; cold actor / standby: {med(actor_times) / med(warm):.1f}x")
+    print(f"ratio cold actor / standby: {med(actor_times) / med(warm):.1f}x")
 
 
 def _cuda() -> bool:
