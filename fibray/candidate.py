@@ -15,7 +15,7 @@ from typing import Any, Optional
 
 import torch
 
-from fibray.build import BuildCache, BuildError, Runnable
+from fibray.build import BuildCache, BuildError, DeviceRequired, Runnable, bind
 from fibray.inputs import BlobCache, materialize, torch_dtype
 from fibray.schema import Definition, Job
 from fibray.timing import Timing, time_calls
@@ -57,6 +57,8 @@ def classify_exception(e: BaseException) -> tuple[str, str]:
         return "RUNTIME_ERROR", "keyboard_interrupt"
     if _isinstance(e, (MemoryError, torch.cuda.OutOfMemoryError)):
         return "RUNTIME_ERROR", "out_of_memory"
+    if _isinstance(e, DeviceRequired):
+        return "RUNTIME_ERROR", "device_required"
     chain, cur = [], e
     while cur is not None and len(chain) < 8:
         chain.append(cur)
@@ -217,7 +219,7 @@ class CandidateRunner:
     def trial(self, job: Job, trial: int) -> TrialOutput:
         """Fresh inputs for this trial (kept for timing), one call."""
         try:
-            runnable = self.builds.get(job.solution)
+            runnable = bind(self.builds.get(job.solution), job.definition)
         except BuildError as e:
             return TrialOutput(failure=CandidateFailure("COMPILE_ERROR", e.reason, str(e)))
         args = self._inputs(job, trial)
@@ -226,7 +228,7 @@ class CandidateRunner:
 
     def time(self, job: Job) -> Timing:
         """Time the candidate over rotating input sets; every timed call sees inputs it has not seen."""
-        runnable = self.builds.get(job.solution)
+        runnable = bind(self.builds.get(job.solution), job.definition)
         s = job.settings
         sets = self._sets.get(job.job_id) or [self._inputs(job, 0)]
         per_set = sum(a.numel() * a.element_size() for a in sets[0] if _isinstance(a, torch.Tensor)) or 1
@@ -254,7 +256,7 @@ class CandidateRunner:
     def recheck(self, job: Job) -> TrialOutput:
         """Write a fresh trial's values into the first input buffers in place and call again:
         a candidate that caches by buffer address or a weak fingerprint returns a stale answer."""
-        runnable = self.builds.get(job.solution)
+        runnable = bind(self.builds.get(job.solution), job.definition)
         sets = self._sets.get(job.job_id)
         fresh = self._inputs(job, job.settings.trials)
         if not sets:

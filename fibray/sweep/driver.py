@@ -134,6 +134,32 @@ def _init_ray(cfg: SweepConfig) -> tuple[int, bool]:
     return slots, started
 
 
+def _compile_ahead(todo: list[Job], cfg: SweepConfig) -> Optional[str]:
+    """Compile CUDA/C++ solutions in CPU Ray tasks before any GPU sees them; returns the shared
+    artifact cache the executors should use (None: each slot keeps its own)."""
+    import ray
+
+    from fibray.build.cache import compile_ahead
+    from fibray.workers.sandbox import _world_executable
+
+    solutions = {j.solution.hash: j.solution for j in todo if j.solution.spec.language.value in ("cuda", "cpp")}
+    cache = Path(cfg.store.root).resolve() / "_builds"
+    if not solutions:
+        return None
+    cache.mkdir(parents=True, exist_ok=True)
+    if not _world_executable(str(cache.parent)):
+        log.warning("store root %s is not reachable by unprivileged executors; builds are not shared", cache.parent)
+        return None
+    deadline = cfg.eval.build_deadline_s
+    task = ray.remote(num_cpus=1)(compile_ahead)
+    refs = [task.remote(s, str(cache), deadline) for s in solutions.values()]
+    done, pending = ray.wait(refs, num_returns=len(refs), timeout=deadline + 120)
+    failed = sum(1 for r in done if ray.get(r) is not None)
+    log.info("compiled %d CUDA/C++ solutions ahead on CPU workers (%d failed, %d still compiling)",
+             len(done), failed, len(pending))
+    return str(cache)
+
+
 def run_sweep(cfg: SweepConfig) -> SweepReport:
     """Run (or resume) a sweep to completion and return what it did."""
     from fibray.workers.pool import PoolOptions, WorkerPool
@@ -160,13 +186,15 @@ def run_sweep(cfg: SweepConfig) -> SweepReport:
         slots, started = _init_ray(cfg)
         cpus = int(ray.cluster_resources().get("CPU", os.cpu_count() or 1))
         r = cfg.runner
+        build_cache = _compile_ahead(todo, cfg)
         pool = WorkerPool(PoolOptions(
             num_slots=slots, torch_threads=max(1, cpus // slots), start_deadline_s=cfg.cluster.start_deadline_s,
             isolation=r.isolation, quarantine_after=r.quarantine_after, max_attempts=r.max_attempts,
             standby=r.standby, spare_isolated=r.spare_isolated, workdir=r.workdir,
             sandbox={"isolate_network": r.isolate_network, "drop_privileges": r.drop_privileges,
                      "memory_limit_bytes": int(r.memory_limit_gb * (1 << 30)) if r.memory_limit_gb else None,
-                     "max_open_files": r.max_open_files, "max_processes": r.max_processes},
+                     "max_open_files": r.max_open_files, "max_processes": r.max_processes,
+                     "build_cache": build_cache},
         ))
         recorder = _Recorder(store, cfg.sweep.flush_rows, cfg.sweep.flush_interval_s)
         progress = Progress(len(todo), cfg.sweep.progress)

@@ -53,6 +53,7 @@ class SandboxPolicy:
     cpu_seconds: Optional[int] = None              # CPU time, for single-use executors
     isolate_network: bool = True
     drop_privileges: bool = True
+    build_cache: Optional[str] = None               # shared compiled-artifact cache (CUDA/C++)
 
 
 def scrubbed_env(extra: dict[str, str]) -> dict[str, str]:
@@ -168,6 +169,7 @@ def spawn(device: str, base_dir: Path, policy: SandboxPolicy, single_use: bool, 
     env = scrubbed_env({
         "HOME": str(workdir), "TMPDIR": str(workdir), "PYTHONDONTWRITEBYTECODE": "1", "PYTHONUNBUFFERED": "1",
         "TRITON_CACHE_DIR": str(shared_cache / "triton"), "FIBRAY_EXECUTOR": "1",
+        "FIBRAY_BUILD_CACHE": policy.build_cache or os.environ.get("FIBRAY_BUILD_CACHE") or str(shared_cache / "builds"),
     })
     if device == "cpu":
         env["TRITON_INTERPRET"] = "1"
