@@ -28,7 +28,8 @@ _sync = torch.cuda.synchronize
 _isinstance = isinstance
 _GUARD_BYTES = 4096
 _GUARD_PATTERN = 0xA5
-_TIMING_BUDGET_BYTES = 1 << 30  # distinct input sets kept for timing, at most
+_TIMING_BUDGET_BYTES = 1 << 30  # distinct input sets kept for timing: at most this many bytes...
+_TIMING_MAX_SETS = 16           # ...and this many sets; revisited sets are perturbed before each call
 
 
 @dataclass
@@ -232,7 +233,7 @@ class CandidateRunner:
         s = job.settings
         sets = self._sets.get(job.job_id) or [self._inputs(job, 0)]
         per_set = sum(a.numel() * a.element_size() for a in sets[0] if _isinstance(a, torch.Tensor)) or 1
-        extra = min(s.iterations * len(sets) - len(sets), _TIMING_BUDGET_BYTES // per_set - len(sets))
+        extra = min(s.iterations * len(sets), _TIMING_MAX_SETS, _TIMING_BUDGET_BYTES // per_set) - len(sets)
         base = s.trials + 1  # trial indices past the checked ones and the re-check
         arg_sets = [list(a) for a in sets] + [self._inputs(job, base + i) for i in range(max(0, extra))]
         floats = [[a for a in args if _isinstance(a, torch.Tensor) and a.is_floating_point() and a.numel()] for args in arg_sets]
@@ -250,7 +251,7 @@ class CandidateRunner:
             outs = [_Guarded(job.definition, job.workload.axes, self.device).outputs for _ in arg_sets]
             arg_sets = [[*a, *o] for a, o in zip(arg_sets, outs)]
         with torch.no_grad():
-            return time_calls(runnable, arg_sets, warmup=s.warmup, iterations=max(1, s.iterations * len(sets) // len(arg_sets)),
+            return time_calls(runnable, arg_sets, warmup=s.warmup, iterations=max(1, -(-s.iterations * len(sets) // len(arg_sets))),
                               device=self.device, flush_l2=s.flush_l2, sync_device=s.sync_device, before_each=before_each)
 
     def recheck(self, job: Job) -> TrialOutput:
