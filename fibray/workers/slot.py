@@ -194,6 +194,8 @@ class GpuSlot:
         isolation = "isolated" if ex.single_use else "persistent"
         escalated = False
         evaluation, fault = self._run(ex, job)
+        # processes the candidate left behind are found before anything retires their parent
+        left = sandbox.descendants(ex.pid) if fault is None and ex.alive() else []
         if fault is not None:
             self._discard(ex)
             if mode == "auto":
@@ -201,23 +203,19 @@ class GpuSlot:
                 escalated, isolation = True, "isolated"
                 ex = self._take_fresh()
                 evaluation, fault = self._run(ex, job)
+                left = sandbox.descendants(ex.pid) if fault is None and ex.alive() else []
                 self._discard(ex)
             if fault is not None:
                 evaluation = self._fault_verdict(job, fault, ex)
-        elif ex.single_use:
-            self._discard(ex)
-        elif not self._healthy(ex):
+        elif ex.single_use or left or not self._healthy(ex):
             self._discard(ex)
         keep = {e.pid for e in (self.active, self.standby, *self.fresh) if e is not None}
         strays = sandbox.reap_strays(keep)
-        left = [p for e in (self.active,) for p in sandbox.descendants(e.pid)] if self.active.alive() else []
-        if left:
-            self._discard(self.active)
         if strays or left:
-            self.counters["strays_killed"] += len(strays) + len(left)
+            self.counters["strays_killed"] += len(set(strays) | set(left))
             if evaluation.status == Status.PASSED:
                 evaluation = self.judge.fail(Status.RUNTIME_ERROR, "left_child_process",
-                                             f"the candidate left {len(strays) + len(left)} process(es) running; killed",
+                                             f"the candidate left {len(set(strays) | set(left))} process(es) running; killed",
                                              job.settings)
         return JobResult(job_id=job.job_id, evaluation=evaluation, worker=self.name, isolation=isolation,
                          attempt=job.attempt, started_at=started_at, finished_at=now_iso(), escalated=escalated,

@@ -1,0 +1,63 @@
+"""A GPU slot in one process (no Ray): healthy executors are kept, a killed active executor is
+replaced by the warm standby at once, isolated jobs get fresh processes."""
+
+from __future__ import annotations
+
+import os
+import signal
+import tempfile
+
+import pytest
+
+from fibray.dataset import load_dataset
+from fibray.evaluate import now_iso
+from fibray.schema import EvalSettings, Job
+from fibray.workers.slot import GpuSlot
+from _sweep_helpers import REPO
+
+
+def _jobs(solution: str = "rmsnorm_h4096_torch") -> list[Job]:
+    ds = load_dataset(REPO / "datasets" / "core", definitions=["rmsnorm_h4096"], solution_roots=[REPO / "solutions"],
+                      solutions=[solution], workload_set="cpu_small")
+    d, sol = ds.definitions["rmsnorm_h4096"], ds.solutions[solution]
+    s = EvalSettings(warmup=1, iterations=2, trials=1)
+    return [Job(job_id=f"j{i}", sweep="t", definition=d, workload=w, solution=sol, settings=s, dataset_root=str(ds.root))
+            for i, w in enumerate(ds.workloads["rmsnorm_h4096"])]
+
+
+@pytest.fixture(scope="module")
+def slot():
+    workdir = tempfile.mkdtemp(prefix="fibray-slot-", dir="/tmp")
+    os.chmod(workdir, 0o755)
+    s = GpuSlot("test", workdir=workdir, standby=True, spare_isolated=1)
+    s.info()
+    yield s
+    s.shutdown()
+
+
+def test_healthy_executor_serves_many_jobs_without_replacement(slot):
+    pid = slot.active.pid
+    before = dict(slot.counters)
+    for job in _jobs():
+        assert slot.evaluate(job, "auto", now_iso()).evaluation.status.value == "PASSED"
+    assert slot.active.pid == pid
+    assert slot.counters == before
+
+
+def test_standby_takes_over_when_the_active_executor_dies(slot):
+    standby = slot._ready(slot.standby).pid
+    os.kill(slot.active.pid, signal.SIGKILL)
+    job = _jobs()[0].model_copy(update={"job_id": "after-kill"})
+    result = slot.evaluate(job, "auto", now_iso())
+    # the dead executor's fault is escalated to a fresh process, which gives the honest verdict
+    assert result.evaluation.status.value == "PASSED" and result.escalated and result.isolation == "isolated"
+    assert slot.active.pid == standby
+    assert slot.counters["promotions"] >= 1
+
+
+def test_isolated_jobs_run_in_fresh_processes(slot):
+    retired = slot.counters["retired"]
+    for job in _jobs()[:2]:
+        result = slot.evaluate(job.model_copy(update={"job_id": job.job_id + "-iso"}), "isolated", now_iso())
+        assert result.isolation == "isolated" and result.evaluation.status.value == "PASSED"
+    assert slot.counters["retired"] == retired + 2
