@@ -3,8 +3,8 @@
 The host routes (top-k, renormalise) and aligns each expert's slots to BLOCK_M; kernel 1 computes
 up and gate for one expert tile and applies SwiGLU; kernel 2 multiplies by the down projection
 and the routing weight; the top_k rows of a token are summed at the end. The bf16 path keeps
-the intermediate in fp32 and feeds it to the second GEMM as a bf16 hi + lo pair (near-fp32
-accuracy at tensor-core speed); the int8 path runs int8 x int8 -> int32 dots with per-token and
+the intermediate in fp32 and feeds it to the second GEMM as three bf16 parts (fp32 accuracy at
+tensor-core speed: a bf16 intermediate misses the contract's tolerance where outputs cancel); the int8 path runs int8 x int8 -> int32 dots with per-token and
 per-channel scales and re-quantises the intermediate per token (round half to even).
 Destination-passing: the result is written into `output`.
 """
@@ -120,10 +120,12 @@ def _gemm2(a_ptr, as_ptr, w_ptr, ws_ptr, sorted_ptr, block_expert_ptr, rw_ptr, o
             acc += tl.dot(a, w)
         elif DOT_F32:
             acc += tl.dot(a, w.to(tl.float32))
-        else:  # fp32 intermediate as a bf16 hi + lo pair: two tensor-core dots, ~16 bits of mantissa
+        else:  # fp32 intermediate as three bf16 parts: three tensor-core dots, all 24 bits of mantissa
             hi = a.to(tl.bfloat16)
-            lo = (a - hi.to(tl.float32)).to(tl.bfloat16)
-            acc += tl.dot(hi, w) + tl.dot(lo, w)
+            rest = a - hi.to(tl.float32)
+            mid = rest.to(tl.bfloat16)
+            lo = (rest - mid.to(tl.float32)).to(tl.bfloat16)
+            acc += tl.dot(hi, w) + tl.dot(mid, w) + tl.dot(lo, w)
     y = acc.to(tl.float32)
     if INT8:
         a_s = tl.load(as_ptr + rows, mask=ok, other=0.0)
