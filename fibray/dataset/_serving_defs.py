@@ -7,13 +7,17 @@ integer dot product must stay exact). Nothing here reads or writes files.
 
 from __future__ import annotations
 
-import json
 import re
 import textwrap
 from typing import Any, Optional
 
+from fibray.dataset._serving_refs import (
+    FUSED_ADD_RMSNORM_REF, GEMM_FP8_REF, GEMM_REF, GQA_PAGED_DECODE_REF, GQA_PAGED_PREFILL_REF, GQA_RAGGED_REF,
+    MLA_DECODE_REF, MOE_BF16_REF, MOE_INT8_REF, RMSNORM_REF, SAMPLING_REF,
+)
+
 __all__ = [
-    "ALL_DEFINITIONS", "fused_add_rmsnorm", "gemm", "gemm_fp8_block_scale", "gqa_paged_decode",
+    "catalogue", "fused_add_rmsnorm", "gemm", "gemm_fp8_block_scale", "gqa_paged_decode",
     "gqa_paged_prefill", "gqa_ragged_prefill", "mla_paged_decode", "moe", "rmsnorm", "sampling",
 ]
 
@@ -61,31 +65,6 @@ def _definition(name: str, op_type: str, description: str, tags: list[str], axes
 # ---------------------------------------------------------------------------------------------
 # rmsnorm
 # ---------------------------------------------------------------------------------------------
-_RMSNORM_REF = """
-import torch
-
-
-@torch.no_grad()
-def run(hidden_states, weight):
-    assert hidden_states.shape[-1] == @H@
-    x = hidden_states.to(torch.float32)
-    variance = (x * x).mean(dim=-1, keepdim=True)
-    y = x * torch.rsqrt(variance + @EPS@) * weight.to(torch.float32)
-    return y.to(torch.bfloat16)
-"""
-
-_FUSED_ADD_RMSNORM_REF = """
-import torch
-
-
-@torch.no_grad()
-def run(hidden_states, residual, weight):
-    assert hidden_states.shape[-1] == @H@
-    x = hidden_states.to(torch.float32) + residual.to(torch.float32)
-    variance = (x * x).mean(dim=-1, keepdim=True)
-    y = x * torch.rsqrt(variance + @EPS@) * weight.to(torch.float32)
-    return y.to(torch.bfloat16)
-"""
 
 
 def rmsnorm(hidden: int, eps: float, model: str, tag: str) -> Json:
@@ -97,7 +76,7 @@ def rmsnorm(hidden: int, eps: float, model: str, tag: str) -> Json:
         {"batch_size": _var(), "hidden_size": _const(hidden)},
         {"hidden_states": _t(["batch_size", "hidden_size"], "bfloat16"), "weight": _t(["hidden_size"], "bfloat16")},
         {"output": _t(["batch_size", "hidden_size"], "bfloat16")},
-        _src(_RMSNORM_REF, H=hidden, EPS=eps),
+        _src(RMSNORM_REF, H=hidden, EPS=eps),
     )
 
 
@@ -115,23 +94,13 @@ def fused_add_rmsnorm(hidden: int, eps: float, model: str, tag: str) -> Json:
             "weight": _t(["hidden_size"], "bfloat16"),
         },
         {"output": _t(["batch_size", "hidden_size"], "bfloat16")},
-        _src(_FUSED_ADD_RMSNORM_REF, H=hidden, EPS=eps),
+        _src(FUSED_ADD_RMSNORM_REF, H=hidden, EPS=eps),
     )
 
 
 # ---------------------------------------------------------------------------------------------
 # gemm
 # ---------------------------------------------------------------------------------------------
-_GEMM_REF = """
-import torch
-
-
-@torch.no_grad()
-def run(A, B):
-    assert B.shape == (@N@, @K@)
-    C = A.to(torch.float32) @ B.to(torch.float32).T
-    return C.to(A.dtype)
-"""
 
 
 def gemm(n: int, k: int, model: str, tag: str, dtype: str = "float16") -> Json:
@@ -144,26 +113,8 @@ def gemm(n: int, k: int, model: str, tag: str, dtype: str = "float16") -> Json:
         {"M": _var(), "N": _const(n), "K": _const(k)},
         {"A": _t(["M", "K"], dtype), "B": _t(["N", "K"], dtype)},
         {"C": _t(["M", "N"], dtype)},
-        _src(_GEMM_REF, N=n, K=k),
+        _src(GEMM_REF, N=n, K=k),
     )
-
-
-_GEMM_FP8_REF = """
-import torch
-
-BLOCK = 128
-
-
-@torch.no_grad()
-def run(A, A_scale, B, B_scale):
-    M, K = A.shape
-    N = B.shape[0]
-    assert (N, K) == (@N@, @K@)
-    a = A.to(torch.float32).view(M, K // BLOCK, BLOCK) * A_scale.T.unsqueeze(-1)
-    b = B.to(torch.float32).view(N // BLOCK, BLOCK, K // BLOCK, BLOCK) * B_scale[:, None, :, None]
-    C = a.reshape(M, K) @ b.reshape(N, K).T
-    return C.to(torch.bfloat16)
-"""
 
 
 def gemm_fp8_block_scale(n: int, k: int, model: str, tag: str) -> Json:
@@ -186,7 +137,7 @@ def gemm_fp8_block_scale(n: int, k: int, model: str, tag: str) -> Json:
             "B_scale": _t(["num_n_blocks", "num_k_blocks"], "float32", "Weight scales per 128x128 block."),
         },
         {"C": _t(["M", "N"], "bfloat16")},
-        _src(_GEMM_FP8_REF, N=n, K=k),
+        _src(GEMM_FP8_REF, N=n, K=k),
         check={"kind": "matched_ratio", "atol": 0.01, "rtol": 0.05, "matched_ratio": 0.99},
     )
 
@@ -194,38 +145,6 @@ def gemm_fp8_block_scale(n: int, k: int, model: str, tag: str) -> Json:
 # ---------------------------------------------------------------------------------------------
 # gqa_paged decode / prefill
 # ---------------------------------------------------------------------------------------------
-_GQA_PAGED_DECODE_REF = """
-import math
-
-import torch
-
-
-@torch.no_grad()
-def run(q, k_cache, v_cache, kv_indptr, kv_indices, @LAST_ARG@sm_scale):
-    batch_size, num_qo_heads, head_dim = q.shape
-    num_pages, page_size, num_kv_heads, _ = k_cache.shape
-    assert (num_qo_heads, num_kv_heads, head_dim, page_size) == (@HQ@, @HKV@, @D@, @PS@)
-    assert kv_indptr.shape[0] == batch_size + 1
-    assert kv_indices.shape[0] == int(kv_indptr[-1])
-    group = num_qo_heads // num_kv_heads
-    output = torch.zeros(batch_size, num_qo_heads, head_dim, dtype=torch.bfloat16, device=q.device)
-    lse = torch.full((batch_size, num_qo_heads), -math.inf, dtype=torch.float32, device=q.device)
-    for b in range(batch_size):
-        start, end = int(kv_indptr[b]), int(kv_indptr[b + 1])
-        if start == end:
-            continue
-        pages = kv_indices[start:end].to(torch.long)
-        n_tokens = (end - start - 1) * page_size + @LAST_LEN@
-        # gather this sequence's pages, then widen to fp32 (never the whole cache)
-        k = k_cache[pages].reshape(-1, num_kv_heads, head_dim)[:n_tokens].to(torch.float32)
-        v = v_cache[pages].reshape(-1, num_kv_heads, head_dim)[:n_tokens].to(torch.float32)
-        k = k.repeat_interleave(group, dim=1)  # [T, Hq, D]
-        v = v.repeat_interleave(group, dim=1)
-        logits = torch.einsum("hd,thd->ht", q[b].to(torch.float32), k) * sm_scale
-        lse[b] = torch.logsumexp(logits, dim=-1) / math.log(2.0)
-        output[b] = torch.einsum("ht,thd->hd", torch.softmax(logits, dim=-1), v).to(torch.bfloat16)
-    return output, lse
-"""
 
 
 def _paged_kv_axes(hq: int, hkv: int, d: int, ps: int) -> Json:
@@ -262,7 +181,7 @@ def gqa_paged_decode(hq: int, hkv: int, d: int, ps: int, model: str, tag: str, t
         inputs["kv_last_page_len"] = _t(["batch_size"], "int32", "Number of valid tokens in the last page for each sequence.")
     inputs["sm_scale"] = _t(None, "float32", _SM_SCALE)
     ref = _src(
-        _GQA_PAGED_DECODE_REF.replace("@LAST_ARG@", "kv_last_page_len, " if ps > 1 else "").replace(
+        GQA_PAGED_DECODE_REF.replace("@LAST_ARG@", "kv_last_page_len, " if ps > 1 else "").replace(
             "@LAST_LEN@", "int(kv_last_page_len[b])" if ps > 1 else "1"),
         HQ=hq, HKV=hkv, D=d, PS=ps,
     )
@@ -278,46 +197,6 @@ def gqa_paged_decode(hq: int, hkv: int, d: int, ps: int, model: str, tag: str, t
         ref,
         constraints=["len_indptr == batch_size + 1", "num_kv_indices == kv_indptr[-1].item()"],
     )
-
-
-_GQA_PAGED_PREFILL_REF = """
-import math
-
-import torch
-
-CHUNK_Q = 512
-
-
-@torch.no_grad()
-def run(q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, sm_scale):
-    total_q, num_qo_heads, head_dim = q.shape
-    num_pages, page_size, num_kv_heads, _ = k_cache.shape
-    assert (num_qo_heads, num_kv_heads, head_dim, page_size) == (@HQ@, @HKV@, @D@, @PS@)
-    assert total_q == int(qo_indptr[-1]) and kv_indices.shape[0] == int(kv_indptr[-1])
-    group = num_qo_heads // num_kv_heads
-    output = torch.zeros(total_q, num_qo_heads, head_dim, dtype=torch.bfloat16, device=q.device)
-    lse = torch.full((total_q, num_qo_heads), -math.inf, dtype=torch.float32, device=q.device)
-    for b in range(qo_indptr.shape[0] - 1):
-        qs, qe = int(qo_indptr[b]), int(qo_indptr[b + 1])
-        ks, ke = int(kv_indptr[b]), int(kv_indptr[b + 1])
-        if qs == qe or ks == ke:
-            continue
-        pages = kv_indices[ks:ke].to(torch.long)
-        n_kv = (ke - ks - 1) * page_size + int(kv_last_page_len[b])
-        k = k_cache[pages].reshape(-1, num_kv_heads, head_dim)[:n_kv].to(torch.float32).repeat_interleave(group, dim=1)
-        v = v_cache[pages].reshape(-1, num_kv_heads, head_dim)[:n_kv].to(torch.float32).repeat_interleave(group, dim=1)
-        n_q = qe - qs
-        for c0 in range(0, n_q, CHUNK_Q):  # bounded memory for long prompts
-            c1 = min(c0 + CHUNK_Q, n_q)
-            logits = torch.einsum("qhd,khd->hqk", q[qs + c0:qs + c1].to(torch.float32), k) * sm_scale
-            # query i (of n_q) is token n_kv - n_q + i of its sequence and sees keys 0..that token
-            q_pos = torch.arange(c0, c1, device=q.device)[:, None] + (n_kv - n_q)
-            logits = logits.masked_fill(torch.arange(n_kv, device=q.device)[None, :] > q_pos, -math.inf)
-            lse[qs + c0:qs + c1] = (torch.logsumexp(logits, dim=-1) / math.log(2.0)).T
-            attn = torch.softmax(logits, dim=-1).nan_to_num(0.0)  # a query with no visible key gives 0
-            output[qs + c0:qs + c1] = torch.einsum("hqk,khd->qhd", attn, v).to(torch.bfloat16)
-    return output, lse
-"""
 
 
 def gqa_paged_prefill(hq: int, hkv: int, d: int, ps: int, model: str, tag: str, tp: int = 1) -> Json:
@@ -352,7 +231,7 @@ def gqa_paged_prefill(hq: int, hkv: int, d: int, ps: int, model: str, tag: str, 
         axes, inputs,
         {"output": _t(["total_q", "num_qo_heads", "head_dim"], "bfloat16", "Attention output tensor."),
          "lse": _t(["total_q", "num_qo_heads"], "float32", _LSE)},
-        _src(_GQA_PAGED_PREFILL_REF, HQ=hq, HKV=hkv, D=d, PS=ps),
+        _src(GQA_PAGED_PREFILL_REF, HQ=hq, HKV=hkv, D=d, PS=ps),
         constraints=["total_q == qo_indptr[-1].item()", "num_kv_indices == kv_indptr[-1].item()"],
     )
 
@@ -360,41 +239,6 @@ def gqa_paged_prefill(hq: int, hkv: int, d: int, ps: int, model: str, tag: str, 
 # ---------------------------------------------------------------------------------------------
 # gqa_ragged prefill
 # ---------------------------------------------------------------------------------------------
-_GQA_RAGGED_REF = """
-import math
-
-import torch
-
-CHUNK_Q = 512
-
-
-@torch.no_grad()
-def run(q, k, v, qo_indptr, kv_indptr, sm_scale):
-    total_q, num_qo_heads, head_dim_qk = q.shape
-    total_kv, num_kv_heads, head_dim_vo = v.shape
-    assert (num_qo_heads, num_kv_heads, head_dim_qk, head_dim_vo) == (@HQ@, @HKV@, @DQK@, @DVO@)
-    assert total_q == int(qo_indptr[-1]) and total_kv == int(kv_indptr[-1])
-    group = num_qo_heads // num_kv_heads
-    output = torch.zeros(total_q, num_qo_heads, head_dim_vo, dtype=torch.bfloat16, device=q.device)
-    lse = torch.full((total_q, num_qo_heads), -math.inf, dtype=torch.float32, device=q.device)
-    for b in range(qo_indptr.shape[0] - 1):
-        qs, qe = int(qo_indptr[b]), int(qo_indptr[b + 1])
-        ks, ke = int(kv_indptr[b]), int(kv_indptr[b + 1])
-        if qs == qe or ks == ke:
-            continue
-        kb = k[ks:ke].to(torch.float32).repeat_interleave(group, dim=1)
-        vb = v[ks:ke].to(torch.float32).repeat_interleave(group, dim=1)
-        n_q, n_kv = qe - qs, ke - ks
-        for c0 in range(0, n_q, CHUNK_Q):  # bounded memory for long prompts
-            c1 = min(c0 + CHUNK_Q, n_q)
-            logits = torch.einsum("qhd,khd->hqk", q[qs + c0:qs + c1].to(torch.float32), kb) * sm_scale
-            q_pos = torch.arange(c0, c1, device=q.device)[:, None] + (n_kv - n_q)
-            logits = logits.masked_fill(torch.arange(n_kv, device=q.device)[None, :] > q_pos, -math.inf)
-            lse[qs + c0:qs + c1] = (torch.logsumexp(logits, dim=-1) / math.log(2.0)).T
-            attn = torch.softmax(logits, dim=-1).nan_to_num(0.0)  # a query with no visible key gives 0
-            output[qs + c0:qs + c1] = torch.einsum("hqk,khd->qhd", attn, vb).to(torch.bfloat16)
-    return output, lse
-"""
 
 
 def gqa_ragged_prefill(hq: int, hkv: int, dqk: int, dvo: int, model: str, tag: str, tp: int = 1) -> Json:
@@ -431,7 +275,7 @@ def gqa_ragged_prefill(hq: int, hkv: int, dqk: int, dvo: int, model: str, tag: s
         },
         {"output": _t(["total_q", "num_qo_heads", dv_axis], "bfloat16", "Attention output tensor."),
          "lse": _t(["total_q", "num_qo_heads"], "float32", _LSE)},
-        _src(_GQA_RAGGED_REF, HQ=hq, HKV=hkv, DQK=dqk, DVO=dvo),
+        _src(GQA_RAGGED_REF, HQ=hq, HKV=hkv, DQK=dqk, DVO=dvo),
         constraints=["total_q == qo_indptr[-1].item()", "total_kv == kv_indptr[-1].item()"],
     )
 
@@ -439,33 +283,6 @@ def gqa_ragged_prefill(hq: int, hkv: int, dqk: int, dvo: int, model: str, tag: s
 # ---------------------------------------------------------------------------------------------
 # mla_paged decode
 # ---------------------------------------------------------------------------------------------
-_MLA_DECODE_REF = """
-import math
-
-import torch
-
-
-@torch.no_grad()
-def run(q_nope, q_pe, ckv_cache, kpe_cache, kv_indptr, kv_indices, sm_scale):
-    batch_size, num_qo_heads, head_dim_ckv = q_nope.shape
-    head_dim_kpe = q_pe.shape[-1]
-    page_size = ckv_cache.shape[1]
-    assert (num_qo_heads, head_dim_ckv, head_dim_kpe, page_size) == (@H@, 512, 64, 1)
-    assert kv_indptr.shape[0] == batch_size + 1 and kv_indices.shape[0] == int(kv_indptr[-1])
-    output = torch.zeros(batch_size, num_qo_heads, head_dim_ckv, dtype=torch.bfloat16, device=q_nope.device)
-    lse = torch.full((batch_size, num_qo_heads), -math.inf, dtype=torch.float32, device=q_nope.device)
-    for b in range(batch_size):
-        start, end = int(kv_indptr[b]), int(kv_indptr[b + 1])
-        if start == end:
-            continue
-        tokens = kv_indices[start:end].to(torch.long)
-        kc = ckv_cache[tokens, 0].to(torch.float32)  # the compressed kv is both key (with kpe) and value
-        kp = kpe_cache[tokens, 0].to(torch.float32)
-        logits = (q_nope[b].to(torch.float32) @ kc.T + q_pe[b].to(torch.float32) @ kp.T) * sm_scale
-        lse[b] = torch.logsumexp(logits, dim=-1) / math.log(2.0)
-        output[b] = (torch.softmax(logits, dim=-1) @ kc).to(torch.bfloat16)
-    return output, lse
-"""
 
 
 def mla_paged_decode(h: int, model: str, tag: str, tp: int) -> Json:
@@ -496,7 +313,7 @@ def mla_paged_decode(h: int, model: str, tag: str, tp: int) -> Json:
         },
         {"output": _t(["batch_size", "num_qo_heads", "head_dim_ckv"], "bfloat16"),
          "lse": _t(["batch_size", "num_qo_heads"], "float32", _LSE)},
-        _src(_MLA_DECODE_REF, H=h),
+        _src(MLA_DECODE_REF, H=h),
         constraints=["len_indptr == batch_size + 1", "num_kv_indices == kv_indptr[-1].item()"],
     )
 
@@ -504,63 +321,6 @@ def mla_paged_decode(h: int, model: str, tag: str, tp: int) -> Json:
 # ---------------------------------------------------------------------------------------------
 # fused MoE
 # ---------------------------------------------------------------------------------------------
-_MOE_BF16_REF = """
-import torch
-
-
-@torch.no_grad()
-def run(hidden_states, routing_logits, gemm1_weights, gemm2_weights):
-    E, TOP_K, H, I = @E@, @TOPK@, @H@, @I@
-    T = hidden_states.shape[0]
-    assert routing_logits.shape == (T, E) and gemm1_weights.shape == (E, 2 * I, H) and gemm2_weights.shape == (E, H, I)
-    # routing: top-k of the logits, then softmax over the k chosen (= renormalised top-k of the softmax)
-    top_logits, top_ids = torch.topk(routing_logits.to(torch.float32), TOP_K, dim=-1)
-    top_w = torch.softmax(top_logits, dim=-1)
-    x = hidden_states.to(torch.float32)
-    out = torch.zeros(T, H, dtype=torch.float32, device=x.device)
-    for e in range(E):
-        tok, slot = torch.nonzero(top_ids == e, as_tuple=True)
-        if tok.numel() == 0:
-            continue
-        g1 = x[tok] @ gemm1_weights[e].to(torch.float32).T  # [n, 2I]: up rows first, then gate
-        up, gate = g1[:, :I], g1[:, I:]
-        act = torch.nn.functional.silu(gate) * up
-        y = act @ gemm2_weights[e].to(torch.float32).T
-        out.index_add_(0, tok, y * top_w[tok, slot, None])
-    return out.to(torch.bfloat16)
-"""
-
-_MOE_INT8_REF = """
-import torch
-
-
-@torch.no_grad()
-def run(hidden_states, hidden_states_scale, routing_logits, gemm1_weights, gemm1_weights_scale,
-        gemm2_weights, gemm2_weights_scale):
-    E, TOP_K, H, I = @E@, @TOPK@, @H@, @I@
-    T = hidden_states.shape[0]
-    assert routing_logits.shape == (T, E) and gemm1_weights.shape == (E, 2 * I, H) and gemm2_weights.shape == (E, H, I)
-    top_logits, top_ids = torch.topk(routing_logits.to(torch.float32), TOP_K, dim=-1)
-    top_w = torch.softmax(top_logits, dim=-1)
-    # int8 x int8 dot products are exact in fp64 (|sum| < 2**53); they are what an int32 MMA computes
-    x = hidden_states.to(torch.float64)
-    out = torch.zeros(T, H, dtype=torch.float32, device=x.device)
-    for e in range(E):
-        tok, slot = torch.nonzero(top_ids == e, as_tuple=True)
-        if tok.numel() == 0:
-            continue
-        acc1 = (x[tok] @ gemm1_weights[e].to(torch.float64).T).to(torch.float32)
-        g1 = acc1 * hidden_states_scale[tok, None] * gemm1_weights_scale[e][None, :]
-        up, gate = g1[:, :I], g1[:, I:]
-        act = torch.nn.functional.silu(gate) * up
-        # dynamic per-token symmetric int8 quantisation of the intermediate activation
-        a_scale = act.abs().amax(dim=-1, keepdim=True).clamp_min(1e-10) / 127.0
-        a_q = torch.round(act / a_scale).clamp_(-127, 127)
-        acc2 = (a_q.to(torch.float64) @ gemm2_weights[e].to(torch.float64).T).to(torch.float32)
-        y = acc2 * a_scale * gemm2_weights_scale[e][None, :]
-        out.index_add_(0, tok, y * top_w[tok, slot, None])
-    return out.to(torch.bfloat16)
-"""
 
 
 def _moe_axes(e: int, topk: int, h: int, i: int) -> Json:
@@ -588,7 +348,7 @@ def moe(e: int, topk: int, h: int, i: int, model: str, tag: str, quant: str = "b
             "gemm1_weights": _t(["num_experts", "gemm1_out_size", "hidden_size"], "bfloat16", "FC1 weights (up+gate)."),
             "gemm2_weights": _t(["num_experts", "hidden_size", "intermediate_size"], "bfloat16", "FC2 weights (down)."),
         }
-        ref = _src(_MOE_BF16_REF, E=e, TOPK=topk, H=h, I=i)
+        ref = _src(MOE_BF16_REF, E=e, TOPK=topk, H=h, I=i)
         desc = f"Fused MoE in bf16 with fp32 accumulation and an fp32 intermediate. {model}. {_MOE_ROUTING}"
         tags = ["status:verified", f"model:{tag}", "fi_api:flashinfer.fused_moe.cutlass_fused_moe"]
         name = f"moe_bf16_topk{topk}_e{e}_h{h}_i{i}"
@@ -602,7 +362,7 @@ def moe(e: int, topk: int, h: int, i: int, model: str, tag: str, quant: str = "b
             "gemm2_weights": _t(["num_experts", "hidden_size", "intermediate_size"], "int8", "FC2 weights (down), int8."),
             "gemm2_weights_scale": _t(["num_experts", "hidden_size"], "float32", "Per-output-channel scales of FC2."),
         }
-        ref = _src(_MOE_INT8_REF, E=e, TOPK=topk, H=h, I=i)
+        ref = _src(MOE_INT8_REF, E=e, TOPK=topk, H=h, I=i)
         desc = (f"Fused MoE with int8 weights and activations (w8a8): int32-exact GEMMs, per-token activation scales, "
                 f"per-output-channel weight scales; the SwiGLU output is re-quantised per token (symmetric, "
                 f"round half to even, scale = max|x|/127) before FC2. {model}. {_MOE_ROUTING}")
@@ -617,35 +377,6 @@ def moe(e: int, topk: int, h: int, i: int, model: str, tag: str, quant: str = "b
 # ---------------------------------------------------------------------------------------------
 # sampling
 # ---------------------------------------------------------------------------------------------
-_SAMPLING_REF = """
-import torch
-
-
-@torch.no_grad()
-def run(@ARGS@):
-    probs = probs.to(torch.float32)
-    batch_size, vocab_size = probs.shape
-    assert vocab_size == @V@
-    p64 = probs.to(torch.float64)
-    # ties at a boundary are kept: a token stays when what lies strictly above it satisfies the rule
-    asc, _ = torch.sort(p64, dim=-1)
-    above = torch.searchsorted(asc, p64, right=True)  # tokens <= p_i, so vocab_size - above are > p_i
-    suffix = torch.cat([asc.flip(-1).cumsum(-1).flip(-1), torch.zeros_like(asc[:, :1])], dim=-1)
-    mass_above = torch.gather(suffix, 1, above)
-    keep = torch.ones_like(probs, dtype=torch.bool)
-    if @HAS_K@:
-        k = top_k.to(torch.int64)[:, None]
-        active = (k > 0) & (k < vocab_size)
-        keep &= ~active | ((vocab_size - above) < k)
-    if @HAS_P@:
-        p = top_p.to(torch.float64)[:, None]
-        kept_mass = torch.where(keep, p64, 0.0).sum(-1, keepdim=True)  # renormalise after top-k
-        in_p = mass_above < p * kept_mass
-        in_p |= p64 == torch.where(keep, p64, -1.0).amax(-1, keepdim=True)  # the top token always stays
-        keep &= (p >= 1.0) | in_p
-    filtered = torch.where(keep, probs, 0.0)
-    return torch.multinomial(filtered, 1).squeeze(-1)
-"""
 
 _SAMPLING_DOC = {
     "top_k": "Top-k sampling from probabilities: keep every token of which fewer than k tokens are strictly more "
@@ -666,7 +397,7 @@ def sampling(kind: str, vocab: int, models: list[str], draws: int) -> Json:
         inputs["top_k"] = _t(["batch_size"], "int32", "Number of top tokens to consider for sampling per sequence.")
     if has_p:
         inputs["top_p"] = _t(["batch_size"], "float32", "Cumulative probability threshold per sequence.")
-    ref = _src(_SAMPLING_REF.replace("@ARGS@", ", ".join(inputs)).replace("@HAS_K@", str(has_k))
+    ref = _src(SAMPLING_REF.replace("@ARGS@", ", ".join(inputs)).replace("@HAS_K@", str(has_k))
                .replace("@HAS_P@", str(has_p)), V=vocab)
     fi = {"top_k": "top_k_sampling_from_probs", "top_p": "top_p_sampling_from_probs",
           "top_k_top_p": "top_k_top_p_sampling_from_probs"}[kind]

@@ -9,7 +9,7 @@ Everything is a pure function of the numpy Generator it is given; nothing here w
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import Sequence
 
 import numpy as np
 import torch
