@@ -55,7 +55,7 @@ SOLUTIONS = [
     _solution("scale_h64", "wrong", "return x * w * 1.1", author="agent-x"),
     # bucket_h64: the fastest solution differs between n=2 and n=32
     _solution("bucket_h64", "slow_small", "if x.shape[0] <= 8:\n    time.sleep(0.005)\nreturn x * w"),
-    _solution("bucket_h64", "slow_large", "if x.shape[0] > 8:\n    time.sleep(0.005)\nreturn x * w"),
+    _solution("bucket_h64", "slow_large", "time.sleep(0.005 if x.shape[0] > 8 else 0.001)\nreturn x * w"),
     # ...and one that is fastest at n=2 but wrong beyond n=8 (fails the sweep at n=32)
     _solution("bucket_h64", "small_only", "return x * w if x.shape[0] <= 8 else x * w * 2", author="agent-x"),
     # fragile_h64: the winner raises on inputs the sweep never drew; the runner-up is slower
