@@ -81,7 +81,7 @@ def main() -> None:
     cold = measure(standby=False)
     print(f"cold executor    (kill -> next verdict): median {med(cold):.3f}s  all {[round(x, 3) for x in cold]}", flush=True)
     print(f"ratio cold executor / standby: {med(cold) / med(warm):.1f}x", flush=True)
-    ray.init(include_dashboard=False, log_to_driver=False, num_gpus=1 if not _cuda() else None)
+    ray.init(address="local", include_dashboard=False, log_to_driver=False, num_gpus=1 if not _cuda() else None)
     remote = ray.remote(GpuSlot)
     actor_times = []
     for i in range(args.actor_repeats):

@@ -63,7 +63,7 @@ def test_driver_killed_with_sigkill_resumes_without_loss_or_duplicates(tmp_path,
 
 @pytest.fixture
 def local_ray():
-    ray.init(num_gpus=2, num_cpus=2, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_gpus=2, num_cpus=2, include_dashboard=False, log_to_driver=False)
     yield
     ray.shutdown()
 

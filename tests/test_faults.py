@@ -41,7 +41,7 @@ def sweeps(tmp_path_factory):
     listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     listener.bind(("127.0.0.1", 47831))
     listener.listen(64)
-    ray.init(num_gpus=2, num_cpus=2, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_gpus=2, num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
         base = tmp_path_factory.mktemp("faults")
         workdir = Path(tempfile.mkdtemp(prefix="fibray-faults-", dir="/tmp"))  # reachable by an unprivileged uid

@@ -24,7 +24,7 @@ triton_version python_version fibray_version""".split()
 
 @pytest.fixture(scope="module", autouse=True)
 def local_ray():
-    ray.init(num_gpus=2, num_cpus=2, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_gpus=2, num_cpus=2, include_dashboard=False, log_to_driver=False)
     yield
     ray.shutdown()
 

@@ -124,7 +124,7 @@ def _init_ray(cfg: SweepConfig) -> tuple[int, bool]:
         if real and cfg.cluster.num_gpus and cfg.cluster.num_gpus > real:
             raise ConfigError(f"cluster.num_gpus: {cfg.cluster.num_gpus} requested but this machine has {real} GPU(s)")
         gpus = (cfg.cluster.num_gpus or real) if real else (cfg.cluster.num_gpus or 2)
-        ray.init(num_gpus=gpus, num_cpus=cfg.cluster.num_cpus, include_dashboard=False,
+        ray.init(address="local", num_gpus=gpus, num_cpus=cfg.cluster.num_cpus, include_dashboard=False,
                  log_to_driver=cfg.cluster.log_to_driver, configure_logging=False)
         started = True
     available = int(ray.cluster_resources().get("GPU", 0))
