@@ -66,7 +66,8 @@ def sweep(dataset, tmp_path_factory):
         "sweep": {"name": "llm_cpu_small", "progress": False},
         "eval": {"warmup": 0, "iterations": 1, "trials": 1, "time_reference": False},
     })
-    ray.init(num_gpus=2, num_cpus=2, include_dashboard=False, log_to_driver=False)
+    # address="local": a new private cluster even when another one runs on this machine
+    ray.init(address="local", num_gpus=2, num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
         report = run_sweep(cfg)
     finally:
@@ -103,7 +104,7 @@ def test_sampling_verdicts_carry_the_tvd_and_the_number_of_draws(sweep):
     assert len(sampled) > 0
     for row in sampled.iter_rows(named=True):
         extra = json.loads(row["correctness_extra"])
-        assert extra["draws"] >= 600 and 0 <= extra["tvd"] < extra["tvd_bound"]
+        assert extra["draws"] >= 400 and 0 <= extra["tvd"] < extra["tvd_bound"]
     biased = df.filter(df["reason"] == "tvd_exceeded")
     assert len(biased) > 0
     for row in biased.iter_rows(named=True):

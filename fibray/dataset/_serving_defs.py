@@ -470,5 +470,5 @@ def catalogue() -> list[Json]:
     for vocab, models in ((32000, ["llama-2-7b", "mistral-7b-v0.1"]), (128256, ["llama-3.1-8b", "llama-3.1-70b"]),
                           (151936, ["qwen2.5-7b", "qwen3-30b-a3b"])):
         for kind in ("top_k", "top_p", "top_k_top_p"):
-            out.append(sampling(kind, vocab, models, draws=600 if vocab == 32000 else 2000))
+            out.append(sampling(kind, vocab, models, draws=400 if vocab == 32000 else 2000))
     return out

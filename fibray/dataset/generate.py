@@ -34,7 +34,7 @@ SETS = ("cpu_small", "gpu")
 CPU_SMALL = frozenset({
     "rmsnorm_h2048", "rmsnorm_h4096", "rmsnorm_h7168",
     "fused_add_rmsnorm_h2048", "fused_add_rmsnorm_h4096", "fused_add_rmsnorm_h7168",
-    "gemm_n2048_k2048", "gemm_n4096_k4096", "gemm_bf16_n2048_k4096", "gemm_fp8_block_scale_n1024_k2048",
+    "gemm_n2048_k2048", "gemm_bf16_n2048_k4096", "gemm_fp8_block_scale_n1024_k2048",
     "gqa_paged_decode_h32_kv8_d128_ps1", "gqa_paged_decode_h32_kv8_d128_ps16",
     "gqa_paged_prefill_causal_h32_kv8_d128_ps16",
     "gqa_ragged_prefill_causal_h32_kv8_d128", "gqa_ragged_prefill_causal_h16_kv16_dqk192_dvo128",
