@@ -107,7 +107,9 @@ class WorkerPool:
             self._spawn(slot)
 
     def shutdown(self) -> None:
-        refs = [s.actor.shutdown.remote() for s in self.slots if s.actor is not None and s.phase != "dead"]
+        # a slot still starting is only killed: its shutdown would queue behind a start that may never
+        # come (no node can place it), and its executors die with it (PDEATHSIG)
+        refs = [s.actor.shutdown.remote() for s in self.slots if s.actor is not None and s.phase not in ("dead", "start")]
         try:
             ray.wait(refs, num_returns=len(refs), timeout=30)
         finally:
