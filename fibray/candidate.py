@@ -16,6 +16,7 @@ from typing import Any, Optional
 import torch
 
 from fibray.build import BuildCache, BuildError, DeviceRequired, Runnable, bind
+from fibray.check import collect_draws, draw_plan
 from fibray.inputs import BlobCache, materialize, torch_dtype
 from fibray.schema import Definition, Job
 from fibray.timing import Timing, time_calls
@@ -48,6 +49,8 @@ class TrialOutput:
     outputs: list[Any] = field(default_factory=list)
     inputs_after: list[Any] = field(default_factory=list)
     failure: Optional[CandidateFailure] = None
+    draws: Optional[torch.Tensor] = None
+    """[n, batch] first outputs of repeated calls, for checkers that judge many draws (sampling)."""
 
 
 def classify_exception(e: BaseException) -> tuple[str, str]:
@@ -187,12 +190,12 @@ class CandidateRunner:
         return materialize(job.definition, job.workload, root=Path(job.dataset_root), seed=job.settings.seed,
                            trial=trial, device=self.device, blobs=self.blobs)
 
-    def call(self, runnable: Runnable, job: Job, args: list[Any]) -> TrialOutput:
+    def call(self, runnable: Runnable, job: Job, args: list[Any], axes: Optional[dict[str, int]] = None) -> TrialOutput:
         """Call the candidate once on args (kept alive by the caller)."""
         try:
             with torch.no_grad():
                 if runnable.destination_passing_style:
-                    guarded = _Guarded(job.definition, job.workload.axes, self.device)
+                    guarded = _Guarded(job.definition, axes or job.workload.axes, self.device)
                     runnable(*args, *guarded.outputs)
                     outputs = guarded.outputs
                 else:
@@ -225,7 +228,15 @@ class CandidateRunner:
             return TrialOutput(failure=CandidateFailure("COMPILE_ERROR", e.reason, str(e)))
         args = self._inputs(job, trial)
         self._sets.setdefault(job.job_id, []).append(args)
-        return self.call(runnable, job, args)
+        out = self.call(runnable, job, args)
+        plan = draw_plan(job.definition, args)
+        if out.failure is None and plan is not None:  # a stochastic output is judged over many calls
+            drawn = collect_draws(job.definition, plan, args, job.workload.axes,
+                                  lambda a, ax: self.call(runnable, job, a, ax))
+            if not _isinstance(drawn, torch.Tensor):
+                return drawn
+            out.draws = drawn
+        return out
 
     def time(self, job: Job) -> Timing:
         """Time the candidate over rotating input sets; every timed call sees inputs it has not seen."""

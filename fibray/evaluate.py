@@ -21,7 +21,7 @@ import torch
 from fibray import __version__
 from fibray.build import build_reference, prepare_triton
 from fibray.candidate import CandidateFailure, CandidateRunner, TrialOutput, normalize_outputs
-from fibray.check import CheckResult, Tolerance, checker_for
+from fibray.check import CheckResult, Draws, Tolerance, checker_for, wants_draws
 from fibray.inputs import BlobCache, InputError, clone_args, materialize, torch_dtype
 from fibray.schema import (
     Correctness, Definition, Environment, EvalSettings, Evaluation, EvaluationStatus, Job, Performance,
@@ -149,7 +149,11 @@ class Judge:
                                    max_abs=float("nan"), max_rel=float("nan"))
         tol, kind = self.tolerance(job)
         outputs = [o.to(self.device) if isinstance(o, torch.Tensor) else o for o in out.outputs]
-        return checker_for(kind)(outputs, state.refs[trial], list(job.definition.outputs), tol)
+        checker = checker_for(kind)
+        if wants_draws(checker):  # a stochastic output (sampling) is judged over many draws
+            draws = Draws(job.definition, state.inputs[trial], out.draws)
+            return checker(outputs, state.refs[trial], list(job.definition.outputs), tol, draws=draws)
+        return checker(outputs, state.refs[trial], list(job.definition.outputs), tol)
 
     def reference_latency(self, job: Job, state: _WorkloadState) -> LatencyStats:
         if state.ref_stats is None:

@@ -177,3 +177,25 @@ def test_latency_stats_and_log_bounds():
     text = "head" + "x" * 10000 + "TAIL"
     bounded = bound_log(text, 1000)
     assert len(bounded) <= 1000 and bounded.startswith("head") and bounded.endswith("TAIL")
+
+
+def test_interpreter_dot_on_bf16_matches_a_matmul():
+    """Triton 3.9's interpreter multiplies bf16 bit patterns as integers; fibray widens them."""
+    import triton
+    import triton.language as tl
+
+    patch_interpreter_casts()
+
+    @triton.jit
+    def dot(a_ptr, b_ptr, c_ptr, N: tl.constexpr):
+        r = tl.arange(0, N)
+        a = tl.load(a_ptr + r[:, None] * N + r[None, :])
+        b = tl.load(b_ptr + r[:, None] * N + r[None, :])
+        tl.store(c_ptr + r[:, None] * N + r[None, :], tl.dot(a, b))
+
+    g = torch.Generator().manual_seed(0)
+    a = torch.randn(16, 16, generator=g).to(torch.bfloat16)
+    b = torch.randn(16, 16, generator=g).to(torch.bfloat16)
+    c = torch.empty(16, 16, dtype=torch.float32)
+    dot[(1,)](a, b, c, N=16)
+    torch.testing.assert_close(c, a.float() @ b.float(), atol=1e-4, rtol=1e-4)

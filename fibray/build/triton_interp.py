@@ -46,6 +46,20 @@ def patch_interpreter_casts() -> None:
         return original(self, src, dst_type)
 
     interpreter.InterpreterBuilder.cast_impl = cast_impl
+
+    # Triton 3.9's interpreter multiplies bf16 operands as their raw uint16 bit patterns in
+    # tl.dot (garbage results) and fp16 ones in numpy's slow fp16 matmul: widen both to fp32,
+    # which is exact for the products, like the GPU's fp32-accumulating MMA.
+    original_dot = interpreter.InterpreterBuilder.create_dot
+
+    def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
+        def widened(h):
+            if h.dtype.scalar in (tl.bfloat16, tl.float16):
+                return interpreter.TensorHandle(np.asarray(self.cast_impl(h, tl.float32).data, dtype=np.float32), tl.float32)
+            return h
+        return original_dot(self, widened(a), widened(b), d, input_precision, max_num_imprecise_acc)
+
+    interpreter.InterpreterBuilder.create_dot = create_dot
     _patched = True
 
 

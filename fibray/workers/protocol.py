@@ -50,10 +50,20 @@ def _on_device(host: torch.Tensor, device: str) -> torch.Tensor:
     return host.to(device) if torch.cuda.is_available() else host
 
 
+def _from_bytes(raw: torch.Tensor, dtype: str) -> torch.Tensor:
+    return raw.view(getattr(torch, dtype))
+
+
+# torch cannot unpickle fp8 tensors ("UntypedStorage has no attribute dtype"): send their bytes
+_BYTE_DTYPES = {torch.float8_e4m3fn, torch.float8_e5m2}
+
+
 class _Pickler(pickle.Pickler):
     def reducer_override(self, obj: Any):
         if isinstance(obj, torch.Tensor) and obj.is_cuda:
             return _on_device, (obj.detach().to("cpu"), str(obj.device))
+        if isinstance(obj, torch.Tensor) and obj.dtype in _BYTE_DTYPES:
+            return _from_bytes, (obj.detach().contiguous().view(torch.uint8), str(obj.dtype).removeprefix("torch."))
         return NotImplemented
 
 
