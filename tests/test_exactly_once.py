@@ -16,6 +16,7 @@ import ray
 
 from fibray.store import TraceStore, scan
 from fibray.sweep import run_sweep
+from fibray.workers.sandbox import descendants
 from _sweep_helpers import REPO, designed_verdict, smoke_config
 
 ARGS = ["+experiment=smoke", "dataset.definitions=[rmsnorm_h4096,fused_add_rmsnorm_h4096]",
@@ -69,11 +70,12 @@ def local_ray():
 
 
 def _slot_pids() -> list[int]:
+    """GPU slot processes of the Ray this test started (its raylet is our child)."""
     pids = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
+    for pid in descendants(os.getpid()):
         try:
             if b"ray::GpuSlot" in Path(f"/proc/{pid}/cmdline").read_bytes():
-                pids.append(int(pid))
+                pids.append(pid)
         except OSError:
             pass
     return pids
