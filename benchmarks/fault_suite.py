@@ -48,7 +48,7 @@ def main() -> int:
     t0 = time.monotonic()
     report = run_sweep(smoke_config(base / "all", solutions__roots=roots, **common))
     wall = time.monotonic() - t0
-    alone = run_sweep(smoke_config(base / "controls", solutions__roots=roots[:1], solutions__names=CONTROLS, **common))
+    run_sweep(smoke_config(base / "controls", solutions__roots=roots[:1], solutions__names=CONTROLS, **common))
     cols = ["solution", "workload_uuid", "axes", "status", "reason", "isolation", "escalated", "latency_ms",
             "reference_latency_ms", "timing_mode", "max_abs_error", "network_isolated", "privileges_dropped", "log"]
     rows = sorted(TraceStore(base / "all").read(columns=cols).to_pylist(), key=lambda r: (r["solution"], r["axes"]))
@@ -65,7 +65,6 @@ def main() -> int:
               f"{'yes' if r['escalated'] else 'no ':3s}  {str(r['timing_mode']):14s} {lat:>8s}   {'ok' if ok else 'MISMATCH'}")
         if not ok:
             print("    log:", (r["log"] or "")[-800:].replace("\n", " | "))
-    key = lambda r: (r["solution"], r["workload_uuid"])
     mixed = sorted(((r["solution"], r["workload_uuid"], r["status"], r["max_abs_error"]) for r in rows if r["solution"] in CONTROLS))
     solo = sorted((r["solution"], r["workload_uuid"], r["status"], r["max_abs_error"])
                   for r in TraceStore(base / "controls").read(columns=cols).to_pylist())
@@ -74,7 +73,7 @@ def main() -> int:
     print(f"controls identical to a sweep without offenders: {same}")
     print(f"slot counters: {report.slot_stats}")
     sandbox = {(r["network_isolated"], r["privileges_dropped"]) for r in rows}
-    print(f"sandbox (network_isolated, privileges_dropped): {sorted(sandbox)}")
+    print(f"sandbox (network_isolated, privileges_dropped): {sorted(sandbox, key=str)}")
     return 0 if bad == 0 and same and len(rows) == report.total_jobs else 1
 
 

@@ -17,7 +17,7 @@ import ray
 from fibray.store import TraceStore, scan
 from fibray.sweep import run_sweep
 from fibray.workers.sandbox import descendants
-from _sweep_helpers import REPO, designed_verdict, smoke_config
+from _sweep_helpers import designed_verdict, smoke_config
 
 ARGS = ["+experiment=smoke", "dataset.definitions=[rmsnorm_h4096,fused_add_rmsnorm_h4096]",
         "sweep.flush_rows=2", "sweep.progress=false"]

@@ -14,7 +14,7 @@ import ray
 
 from fibray.store import StoreError, TraceStore, scan
 from fibray.sweep import run_sweep
-from _sweep_helpers import REPO, designed_verdict, smoke_config
+from _sweep_helpers import designed_verdict, smoke_config
 
 REQUIRED_COLUMNS = """job_id sweep definition op_type workload_uuid axes solution solution_hash author language status
 reason log max_abs_error max_rel_error latency_ms latency_p95_ms latency_mean_ms latency_cv n_samples

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import tempfile
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Sequence
 

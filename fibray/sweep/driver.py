@@ -140,14 +140,14 @@ def _compile_ahead(todo: list[Job], cfg: SweepConfig) -> Optional[str]:
     import ray
 
     from fibray.build.cache import compile_ahead
-    from fibray.workers.sandbox import _world_executable
+    from fibray.workers.sandbox import world_executable
 
     solutions = {j.solution.hash: j.solution for j in todo if j.solution.spec.language.value in ("cuda", "cpp")}
     cache = Path(cfg.store.root).resolve() / "_builds"
     if not solutions:
         return None
     cache.mkdir(parents=True, exist_ok=True)
-    if not _world_executable(str(cache.parent)):
+    if not world_executable(str(cache.parent)):
         log.warning("store root %s is not reachable by unprivileged executors; builds are not shared", cache.parent)
         return None
     deadline = cfg.eval.build_deadline_s

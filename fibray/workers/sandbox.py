@@ -66,7 +66,7 @@ def scrubbed_env(extra: dict[str, str]) -> dict[str, str]:
     return env
 
 
-def _world_executable(path: str) -> bool:
+def world_executable(path: str) -> bool:
     p = Path(path).resolve()
     for part in [*reversed(p.parents), p]:
         try:
@@ -80,7 +80,7 @@ def _world_executable(path: str) -> bool:
 
 def can_drop_privileges() -> bool:
     """Root, and the interpreter and fibray reachable by an unprivileged user."""
-    return os.geteuid() == 0 and _world_executable(sys.executable) and _world_executable(fibray.__file__.rsplit("/", 1)[0])
+    return os.geteuid() == 0 and world_executable(sys.executable) and world_executable(fibray.__file__.rsplit("/", 1)[0])
 
 
 def network_namespaces_available() -> bool:
@@ -160,7 +160,7 @@ def spawn(device: str, base_dir: Path, policy: SandboxPolicy, single_use: bool, 
     """Start an executor; it warms up (imports, device context) on its own and says when ready."""
     ours, theirs = socket.socketpair()
     workdir = Path(tempfile.mkdtemp(prefix="exec-", dir=base_dir))
-    uid = _NOBODY if policy.drop_privileges and can_drop_privileges() and _world_executable(str(base_dir)) else None
+    uid = _NOBODY if policy.drop_privileges and can_drop_privileges() and world_executable(str(base_dir)) else None
     netns = policy.isolate_network and network_namespaces_available()
     if uid is not None:
         os.chown(workdir, uid, uid)
