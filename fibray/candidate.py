@@ -8,6 +8,7 @@ Functions it relies on are captured at import, before any candidate code can pat
 
 from __future__ import annotations
 
+import math
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,7 +18,7 @@ import torch
 
 from fibray.build import BuildCache, BuildError, DeviceRequired, Runnable, bind
 from fibray.check import collect_draws, draw_plan
-from fibray.inputs import BlobCache, materialize, torch_dtype
+from fibray.inputs import BlobCache, materialize, poison_, torch_dtype
 from fibray.schema import Definition, Job
 from fibray.timing import Timing, time_calls
 
@@ -115,23 +116,12 @@ class _Guarded:
         for spec in definition.outputs.values():
             dtype = torch_dtype(spec.dtype)
             shape = definition.shape_of(spec, axes) or ()
-            numel = 1
-            for d in shape:
-                numel *= d
-            item = torch.empty((), dtype=dtype).element_size()
-            g = _GUARD_BYTES // item
+            numel = math.prod(shape)
+            g = _GUARD_BYTES // torch.empty((), dtype=dtype).element_size()
             buf = torch.empty(numel + 2 * g, dtype=dtype, device=device)
-            raw = buf.view(torch.uint8)
-            raw.fill_(_GUARD_PATTERN)
-            out = buf[g:g + numel].view(shape)
-            if dtype.is_floating_point and item >= 2:
-                out.fill_(float("nan"))
-            elif dtype is torch.bool:
-                out.fill_(True)
-            elif not dtype.is_floating_point:
-                out.fill_(torch.iinfo(dtype).max)
+            buf.view(torch.uint8).fill_(_GUARD_PATTERN)
             self.buffers.append(buf)
-            self.outputs.append(out)
+            self.outputs.append(poison_(buf[g:g + numel].view(shape)))
 
     def intact(self) -> bool:
         for buf, out in zip(self.buffers, self.outputs):

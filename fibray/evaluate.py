@@ -196,32 +196,14 @@ class Evaluator:
     def evaluate(self, job: Job) -> Evaluation:
         """Run a job to a verdict."""
         try:
-            return run_job(job, self.judge, _LocalCalls(self.runner))
+            return run_job(job, self.judge, self.runner)
         finally:
             self.runner.finish(job)
 
 
-class _LocalCalls:
-    """The calls `run_job` makes on the candidate side, answered in this process."""
-
-    def __init__(self, runner: CandidateRunner) -> None:
-        self.runner = runner
-
-    def build(self, job: Job):
-        return self.runner.build(job)
-
-    def trial(self, job: Job, trial: int) -> TrialOutput:
-        return self.runner.trial(job, trial)
-
-    def time(self, job: Job) -> Timing:
-        return self.runner.time(job)
-
-    def recheck(self, job: Job) -> TrialOutput:
-        return self.runner.recheck(job)
-
-
 def run_job(job: Job, judge: Judge, calls) -> Evaluation:
-    """The evaluation protocol, against any candidate side (`calls`: build/trial/time/recheck)."""
+    """The evaluation protocol, against any candidate side with build/trial/time/recheck
+    (a CandidateRunner in this process, or a slot's channel to an executor)."""
     s = job.settings
     err = calls.build(job)
     if err is not None:

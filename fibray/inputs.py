@@ -120,21 +120,24 @@ def materialize(
     return args
 
 
+def poison_(t: torch.Tensor) -> torch.Tensor:
+    """Fill a destination buffer with NaN (floats), True (bool) or the max int, so that an
+    output the candidate never writes cannot pass by inheriting stale memory."""
+    if t.dtype.is_floating_point and t.element_size() >= 2:
+        t.fill_(float("nan"))
+    elif t.dtype is torch.bool:
+        t.fill_(True)
+    elif not t.dtype.is_floating_point:
+        t.fill_(torch.iinfo(t.dtype).max)
+    return t
+
+
 def allocate_outputs(definition: Definition, axes: dict[str, int], device: torch.device) -> list[torch.Tensor]:
-    """Output buffers for destination-passing style, poisoned (NaN / max int) so that
-    an output the candidate never writes cannot pass by inheriting stale memory."""
-    outs = []
-    for name, spec in definition.outputs.items():
-        dtype = torch_dtype(spec.dtype)
-        t = torch.empty(definition.shape_of(spec, axes) or (), dtype=dtype, device=device)
-        if dtype.is_floating_point and dtype.itemsize >= 2:
-            t.fill_(float("nan"))
-        elif dtype is torch.bool:
-            t.fill_(True)
-        elif not dtype.is_floating_point:
-            t.fill_(torch.iinfo(dtype).max)
-        outs.append(t)
-    return outs
+    """Poisoned output buffers for destination-passing style."""
+    return [
+        poison_(torch.empty(definition.shape_of(spec, axes) or (), dtype=torch_dtype(spec.dtype), device=device))
+        for spec in definition.outputs.values()
+    ]
 
 
 def clone_args(args: list[Any]) -> list[Any]:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -40,3 +42,10 @@ def smoke_config(store: Path, **overrides: Any) -> SweepConfig:
         section, _, name = key.partition("__")
         raw.setdefault(section, {})[name] = value
     return validate_config(raw)
+
+
+def reachable_tmpdir(prefix: str) -> Path:
+    """A temp dir that unprivileged executors can reach (pytest's own tmp dirs are 0700)."""
+    path = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
+    os.chmod(path, 0o755)
+    return path

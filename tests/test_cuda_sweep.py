@@ -4,23 +4,19 @@ a GPU (never silently skipped)."""
 
 from __future__ import annotations
 
-import os
 import shutil
-import tempfile
-from pathlib import Path
 
 import ray
 
 from fibray.store import scan
 from fibray.sweep import run_sweep
-from _sweep_helpers import REPO, smoke_config
+from _sweep_helpers import REPO, reachable_tmpdir, smoke_config
 
 CUDA = ["rmsnorm_h4096_cuda_c_abi", "rmsnorm_h4096_cuda_torch", "rmsnorm_h4096_cuda_compile_error"]
 
 
 def test_cuda_solutions_compile_ahead_and_get_verdicts_without_a_gpu():
-    base = Path(tempfile.mkdtemp(prefix="fibray-cuda-", dir="/tmp"))  # reachable by unprivileged executors
-    os.chmod(base, 0o755)
+    base = reachable_tmpdir("fibray-cuda-")
     store = base / "store"
     cfg = smoke_config(store, dataset__root=str(REPO / "datasets" / "llm"), dataset__definitions=["rmsnorm_h4096"],
                        dataset__max_workloads_per_definition=1, solutions__roots=[], solutions__names=CUDA,

@@ -8,7 +8,6 @@ import json
 import os
 import shutil
 import socket
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -18,7 +17,7 @@ from fibray.store import scan
 from fibray.sweep import run_sweep
 from fibray.workers import FAULT_REASONS
 from fibray.workers.sandbox import can_drop_privileges, network_namespaces_available
-from _sweep_helpers import REPO, designed_verdict, smoke_config
+from _sweep_helpers import REPO, designed_verdict, reachable_tmpdir, smoke_config
 
 SECRET = "fibray-test-secret-7f3a"
 EXPECTED = json.loads((REPO / "tests" / "fault_expectations.json").read_text())
@@ -44,8 +43,7 @@ def sweeps(tmp_path_factory):
     ray.init(address="local", num_gpus=2, num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
         base = tmp_path_factory.mktemp("faults")
-        workdir = Path(tempfile.mkdtemp(prefix="fibray-faults-", dir="/tmp"))  # reachable by an unprivileged uid
-        os.chmod(workdir, 0o755)
+        workdir = reachable_tmpdir("fibray-faults-")
         with_offenders = run_sweep(_config(base / "all", workdir, [str(REPO / "solutions"), str(REPO / "tests" / "candidates")]))
         controls_only = run_sweep(_config(base / "controls", workdir, [str(REPO / "solutions")], CONTROLS))
         yield {"all": scan(base / "all").collect(), "controls": scan(base / "controls").collect(),

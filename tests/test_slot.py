@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import signal
-import tempfile
 
 import pytest
 
@@ -13,7 +12,7 @@ from fibray.dataset import load_dataset
 from fibray.evaluate import now_iso
 from fibray.schema import EvalSettings, Job
 from fibray.workers.slot import GpuSlot
-from _sweep_helpers import REPO
+from _sweep_helpers import REPO, reachable_tmpdir
 
 
 def _jobs(solution: str = "rmsnorm_h4096_torch") -> list[Job]:
@@ -27,9 +26,7 @@ def _jobs(solution: str = "rmsnorm_h4096_torch") -> list[Job]:
 
 @pytest.fixture(scope="module")
 def slot():
-    workdir = tempfile.mkdtemp(prefix="fibray-slot-", dir="/tmp")
-    os.chmod(workdir, 0o755)
-    s = GpuSlot("test", workdir=workdir, standby=True, spare_isolated=1)
+    s = GpuSlot("test", workdir=str(reachable_tmpdir("fibray-slot-")), standby=True, spare_isolated=1)
     s.info()
     yield s
     s.shutdown()

@@ -196,9 +196,7 @@ def descendants(pid: int) -> list[int]:
         if not entry.isdigit():
             continue
         try:
-            with open(f"/proc/{entry}/stat", "rb") as f:
-                data = f.read()
-            ppid = int(data[data.rindex(b")") + 2:].split()[1])
+            ppid, _ = _stat(int(entry))
         except (OSError, ValueError, IndexError):
             continue
         children.setdefault(ppid, []).append(int(entry))
