@@ -41,6 +41,10 @@ def main(argv: list[str] | None = None) -> None:
     import triton  # noqa: F401  (warm: the first candidate should not pay for it)
 
     runner = CandidateRunner(Path(args.workdir), device)
+    # torch and triton hold ~10^6 objects; moved out of the collector's reach, the per-job
+    # collection below scans only what candidates created (0.1 ms instead of ~100 ms)
+    gc.collect()
+    gc.freeze()
     baseline = torch.cuda.memory_allocated(device) if device.type == "cuda" else 0
     send(conn, Reply(True, {"pid": os.getpid(), "uid": os.getuid()}))
     keep = None  # the last reply's tensors stay alive until the supervisor asks again (CUDA IPC)
