@@ -189,8 +189,35 @@ def spawn(device: str, base_dir: Path, policy: SandboxPolicy, single_use: bool, 
     return ex
 
 
+def _children(pid: int) -> list[int]:
+    """Direct children of pid, from /proc/<pid>/task/*/children (a child belongs to the thread that forked it)."""
+    out: list[int] = []
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return out
+    for tid in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/children", "rb") as f:
+                out.extend(int(c) for c in f.read().split())
+        except (OSError, ValueError):
+            continue
+    return out
+
+
+_HAS_CHILDREN_FILES = os.path.exists(f"/proc/{os.getpid()}/task/{os.getpid()}/children")
+
+
 def descendants(pid: int) -> list[int]:
-    """Every live process below pid (via /proc), children first."""
+    """Every live process below pid (via /proc), children first. Walks the tree from pid where
+    the kernel lists children per thread; otherwise scans every process's parent."""
+    if _HAS_CHILDREN_FILES:
+        out, todo = [], [pid]
+        while todo:
+            for child in _children(todo.pop()):
+                out.append(child)
+                todo.append(child)
+        return out
     children: dict[int, list[int]] = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
