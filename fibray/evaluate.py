@@ -10,11 +10,13 @@ candidate's failure becomes an Evaluation with a status and a reason.
 from __future__ import annotations
 
 import platform
+import time
 from collections import OrderedDict
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 import torch
 
@@ -201,33 +203,59 @@ class Evaluator:
             self.runner.finish(job)
 
 
-def run_job(job: Job, judge: Judge, calls) -> Evaluation:
+class Phases(dict):
+    """Seconds one job spent in each phase, to show where a sweep's time goes.
+
+    run_job fills build, inputs_reference (the judge's inputs and reference outputs),
+    trials (candidate calls, transfer included), check, timing, recheck and
+    reference_timing; a GPU slot adds its own (finish, health, strays, escalation).
+    """
+
+    @contextmanager
+    def __call__(self, name: str) -> Iterator[None]:
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self[name] = self.get(name, 0.0) + time.perf_counter() - t0
+
+
+def run_job(job: Job, judge: Judge, calls, phases: Optional[Phases] = None) -> Evaluation:
     """The evaluation protocol, against any candidate side with build/trial/time/recheck
     (a CandidateRunner in this process, or a slot's channel to an executor)."""
     s = job.settings
-    err = calls.build(job)
+    phase = phases if phases is not None else Phases()
+    with phase("build"):
+        err = calls.build(job)
     if err is not None:
         return judge.fail(Status.COMPILE_ERROR, getattr(err, "reason", "build_failed"), str(err), s)
     try:
-        state = judge.state(job)
+        with phase("inputs_reference"):
+            state = judge.state(job)
     except InputError as e:
         return judge.fail(Status.RUNTIME_ERROR, "bad_workload_input", str(e), s)
     verdict = CheckResult()
     for trial in range(s.trials):
-        verdict.merge(judge.check(job, state, trial, calls.trial(job, trial)))
+        with phase("trials"):
+            out = calls.trial(job, trial)
+        with phase("check"):
+            verdict.merge(judge.check(job, state, trial, out))
         if not verdict.ok:
             return judge.failed(job, verdict)
     try:
-        timing = calls.time(job)
+        with phase("timing"):
+            timing = calls.time(job)
     except Exception as e:  # the candidate failed when called again and again
         from fibray.candidate import classify_exception
 
         status, reason = classify_exception(e)
         return judge.fail(status, "failed_during_timing" if reason == "exception" else reason, repr(e), s)
-    again = judge.check(job, state, s.trials, calls.recheck(job))
+    with phase("recheck"):
+        again = judge.check(job, state, s.trials, calls.recheck(job))
     if not again.ok:
         if again.reason == "tolerance_exceeded":
             again.reason = "stale_output"
             again.message = "a call on new values in a reused buffer returned a wrong answer: " + again.message
         return judge.failed(job, again)
-    return judge.passed(job, state, verdict, timing)
+    with phase("reference_timing"):
+        return judge.passed(job, state, verdict, timing)

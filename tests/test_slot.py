@@ -36,9 +36,34 @@ def test_healthy_executor_serves_many_jobs_without_replacement(slot):
     pid = slot.active.pid
     before = dict(slot.counters)
     for job in _jobs():
-        assert slot.evaluate(job, "auto", now_iso()).evaluation.status.value == "PASSED"
+        result = slot.evaluate(job, "auto", now_iso())
+        assert result.evaluation.status.value == "PASSED"
+        # where the job's time went, phase by phase, all of it measured
+        assert {"build", "inputs_reference", "trials", "check", "timing", "recheck", "reference_timing",
+                "finish", "health", "strays"} <= set(result.phases)
+        assert all(v >= 0 for v in result.phases.values())
     assert slot.active.pid == pid
     assert slot.counters == before
+
+
+def test_descendants_walks_the_same_tree_as_a_full_process_scan(monkeypatch):
+    import subprocess
+    import time
+
+    from fibray.workers import sandbox
+
+    proc = subprocess.Popen(["bash", "-c", "sleep 30 & (sleep 30 & wait) & wait"])  # bash: sleep, subshell: sleep
+    try:
+        deadline = time.monotonic() + 10
+        while len(sandbox.descendants(proc.pid)) < 3 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        walked = sandbox.descendants(proc.pid)
+        monkeypatch.setattr(sandbox, "_HAS_CHILDREN_FILES", False)
+        scanned = sandbox.descendants(proc.pid)
+        assert len(walked) == 3 and sorted(walked) == sorted(scanned)
+    finally:
+        sandbox.kill_tree(proc.pid, None)
+        proc.wait()
 
 
 def test_standby_takes_over_when_the_active_executor_dies(slot):

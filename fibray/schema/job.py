@@ -109,3 +109,5 @@ class JobResult(Model):
     """Whether the candidate ran without network (Linux network namespace)."""
     privileges_dropped: Optional[bool] = None
     """Whether the candidate ran as an unprivileged user."""
+    phases: dict[str, float] = {}
+    """Seconds spent per phase of the job (build, inputs_reference, trials, check, timing, ...)."""

@@ -32,6 +32,8 @@ def main(raw: DictConfig) -> None:
 
     print(f"\nsweep {report.sweep!r}: {report.total_jobs} jobs, {report.skipped} already recorded, "
           f"{report.recorded} evaluated in {report.wall_s:.1f}s; store {Path(cfg.store.root).resolve()}")
+    if report.recorded:
+        print(f"time: {report.time_breakdown()}")
     print(format_summary(summary_rows(TraceStore(cfg.store.root), report.sweep)))
 
 

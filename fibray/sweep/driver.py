@@ -79,6 +79,27 @@ class SweepReport:
     wall_s: float = 0.0
     files: list[Path] = field(default_factory=list)
     slot_stats: list[dict] = field(default_factory=list)
+    slots: int = 0
+    setup_s: float = 0.0
+    """Loading the dataset, starting Ray and compiling ahead, before the first job."""
+    start_s: float = 0.0
+    """Slots starting, until the first job was sent."""
+    run_s: float = 0.0
+    """First job sent to last result."""
+    phases: dict[str, float] = field(default_factory=dict)
+    """Seconds per job phase, summed over the jobs this run evaluated (JobResult.phases)."""
+
+    def time_breakdown(self) -> str:
+        """Where the slots' time went: job phases, and the rest (slot start-up, dispatch, idle)."""
+        capacity = self.slots * self.run_s
+        if capacity <= 0:
+            return "no jobs ran"
+        parts = sorted(self.phases.items(), key=lambda kv: -kv[1])
+        rest = max(0.0, capacity - sum(self.phases.values()))
+        cells = [f"{k} {v:.2f}s ({100 * v / capacity:.0f}%)" for k, v in parts]
+        cells.append(f"dispatch/idle {rest:.2f}s ({100 * rest / capacity:.0f}%)")
+        return (f"setup {self.setup_s:.1f}s, slot start-up {self.start_s:.1f}s; jobs: {self.slots} slot(s) x "
+                f"{self.run_s:.1f}s = {capacity:.1f} slot-s: " + ", ".join(cells))
 
 
 class _Recorder:
@@ -202,9 +223,14 @@ def run_sweep(cfg: SweepConfig) -> SweepReport:
         def on_result(job: Job, result: JobResult) -> None:
             if recorder.add(job, result):
                 progress.update(result.evaluation.status.value)
+                for name, seconds in result.phases.items():
+                    report.phases[name] = report.phases.get(name, 0.0) + seconds
 
+        report.slots, report.setup_s = slots, time.monotonic() - t0
         try:
             pool.run(todo, on_result)
+            first = pool.first_dispatch if pool.first_dispatch is not None else time.monotonic()
+            report.start_s, report.run_s = first - t0 - report.setup_s, time.monotonic() - first
             report.slot_stats = pool.slot_stats()
         finally:
             recorder.flush()

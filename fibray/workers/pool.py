@@ -84,6 +84,8 @@ class WorkerPool:
         self.isolated: set[str] = set()
         self.quarantined: dict[str, EvaluationStatus] = {}
         self.counters: Counter[str] = Counter()
+        self.first_dispatch: Optional[float] = None
+        """time.monotonic() of the first job sent to a slot (slot start-up ends there)."""
 
     # -- slots -----------------------------------------------------------------------------
     def _spawn(self, slot: Slot) -> None:
@@ -175,6 +177,8 @@ class WorkerPool:
         s = job.settings
         budget = s.build_deadline_s + s.run_deadline_s
         slot.job, slot.started_at, slot.phase = job, _now(), "run"
+        if self.first_dispatch is None:
+            self.first_dispatch = time.monotonic()
         slot.ref = slot.actor.evaluate.remote(job, mode, slot.started_at)
         # the supervisor enforces the real deadlines; this one only catches a supervisor that hangs
         slot.deadline = time.monotonic() + (2 * budget if mode == "auto" else budget) + self.opt.start_deadline_s

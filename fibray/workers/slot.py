@@ -20,7 +20,7 @@ import torch
 
 from fibray.build import BuildError, prepare_triton
 from fibray.candidate import POISONING_REASONS, TrialOutput
-from fibray.evaluate import Judge, bound_log, default_device, environment, now_iso, run_job
+from fibray.evaluate import Judge, Phases, bound_log, default_device, environment, now_iso, run_job
 from fibray.schema import Evaluation, EvaluationStatus, Job, JobResult
 from fibray.timing import Timing
 from fibray.workers import sandbox
@@ -190,27 +190,39 @@ class GpuSlot:
 
     def evaluate(self, job: Job, mode: str, started_at: str) -> JobResult:
         """Evaluate one job. mode: persistent | isolated | auto (persistent, escalated on a fault)."""
-        ex = self._take_fresh() if mode == "isolated" else self._active()
+        phase = Phases()
+        with phase("executor_wait"):
+            ex = self._take_fresh() if mode == "isolated" else self._active()
         isolation = "isolated" if ex.single_use else "persistent"
         escalated = False
-        evaluation, fault = self._run(ex, job)
+        evaluation, fault = self._run(ex, job, phase)
         # processes the candidate left behind are found before anything retires their parent
-        left = sandbox.descendants(ex.pid) if fault is None and ex.alive() else []
+        with phase("strays"):
+            left = sandbox.descendants(ex.pid) if fault is None and ex.alive() else []
         if fault is not None:
-            self._discard(ex)
+            with phase("retire"):
+                self._discard(ex)
             if mode == "auto":
                 self.counters["escalations"] += 1
                 escalated, isolation = True, "isolated"
-                ex = self._take_fresh()
-                evaluation, fault = self._run(ex, job)
-                left = sandbox.descendants(ex.pid) if fault is None and ex.alive() else []
-                self._discard(ex)
+                with phase("executor_wait"):
+                    ex = self._take_fresh()
+                evaluation, fault = self._run(ex, job, phase)
+                with phase("strays"):
+                    left = sandbox.descendants(ex.pid) if fault is None and ex.alive() else []
+                with phase("retire"):
+                    self._discard(ex)
             if fault is not None:
                 evaluation = self._fault_verdict(job, fault, ex)
-        elif ex.single_use or left or not self._healthy(ex):
-            self._discard(ex)
-        keep = {e.pid for e in (self.active, self.standby, *self.fresh) if e is not None}
-        strays = sandbox.reap_strays(keep)
+        else:
+            with phase("health"):
+                retire = ex.single_use or left or not self._healthy(ex)
+            if retire:
+                with phase("retire"):
+                    self._discard(ex)
+        with phase("strays"):
+            keep = {e.pid for e in (self.active, self.standby, *self.fresh) if e is not None}
+            strays = sandbox.reap_strays(keep)
         if strays or left:
             self.counters["strays_killed"] += len(set(strays) | set(left))
             if evaluation.status == Status.PASSED:
@@ -219,12 +231,13 @@ class GpuSlot:
                                              job.settings)
         return JobResult(job_id=job.job_id, evaluation=evaluation, worker=self.name, isolation=isolation,
                          attempt=job.attempt, started_at=started_at, finished_at=now_iso(), escalated=escalated,
-                         network_isolated=ex.network_isolated, privileges_dropped=ex.privileges_dropped)
+                         network_isolated=ex.network_isolated, privileges_dropped=ex.privileges_dropped,
+                         phases=phase)
 
-    def _run(self, ex: sandbox.Executor, job: Job) -> tuple[Optional[Evaluation], Optional[ExecutorFault]]:
+    def _run(self, ex: sandbox.Executor, job: Job, phase: Phases) -> tuple[Optional[Evaluation], Optional[ExecutorFault]]:
         calls = _RemoteCalls(ex, job)
         try:
-            evaluation = run_job(job, self.judge, calls)
+            evaluation = run_job(job, self.judge, calls, phase)
         except ExecutorFault as f:
             sandbox.kill_tree(ex.pid, ex.pid)  # hung or broken: down at once, whole tree
             return None, f
@@ -232,8 +245,9 @@ class GpuSlot:
             reason = "failed_during_timing" if e.reason == "exception" else e.reason
             evaluation = self.judge.fail(e.status or "RUNTIME_ERROR", reason, e.log, job.settings)
         try:
-            send(ex.conn, Request("finish", job))
-            recv(ex.conn, time.monotonic() + _HEALTH_DEADLINE_S)
+            with phase("finish"):
+                send(ex.conn, Request("finish", job))
+                recv(ex.conn, time.monotonic() + _HEALTH_DEADLINE_S)
         except (ChannelClosed, DeadlineExceeded):
             pass  # the health check that follows retires it
         return evaluation, None
