@@ -1,15 +1,19 @@
 """Messages between a slot supervisor and its executor, over one socket, with deadlines.
 
-Everything travels by value: CUDA tensors are copied to host memory and rebuilt on the
-receiver's device. (CUDA IPC handles would avoid the copy, but an executor runs as another
-user, and IPC mappings across users fail on some hosts: seen on the H200 machine.)
+Everything travels by value: tensors are copied to host memory, sent as raw bytes beside
+the pickle (no pickling of their contents) and rebuilt on the receiver's device. (CUDA IPC
+handles would avoid the copy, but an executor runs as another user, and IPC mappings
+across users fail on some hosts: seen on the H200 machine.)
 Every receive has a deadline: a silent executor is a hung executor.
 """
 
 from __future__ import annotations
 
+import ctypes
 import io
+import os
 import pickle
+import struct
 import time
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
@@ -46,34 +50,58 @@ class Reply:
     reason: str = ""
 
 
-def _on_device(host: torch.Tensor, device: str) -> torch.Tensor:
-    return host.to(device) if torch.cuda.is_available() else host
-
-
-def _from_bytes(raw: torch.Tensor, dtype: str) -> torch.Tensor:
-    return raw.view(getattr(torch, dtype))
-
-
-# torch cannot unpickle fp8 tensors ("UntypedStorage has no attribute dtype"): send their bytes
-_BYTE_DTYPES = {torch.float8_e4m3fn, torch.float8_e5m2}
+def _tensor(raw: memoryview, dtype: str, shape: tuple[int, ...], device: str) -> torch.Tensor:
+    """Rebuild a tensor from its bytes (received out of band) on the receiver's side."""
+    flat = torch.frombuffer(raw, dtype=torch.uint8) if len(raw) else torch.empty(0, dtype=torch.uint8)
+    host = flat.view(getattr(torch, dtype)).reshape(shape)
+    return host.to(device) if device != "cpu" and torch.cuda.is_available() else host
 
 
 class _Pickler(pickle.Pickler):
+    """Tensors travel as raw bytes beside the pickle (protocol 5 out-of-band buffers): one copy
+    to host memory, none in pickling. Any dtype, fp8 included, goes as bytes."""
+
     def reducer_override(self, obj: Any):
-        if isinstance(obj, torch.Tensor) and obj.is_cuda:
-            return _on_device, (obj.detach().to("cpu"), str(obj.device))
-        if isinstance(obj, torch.Tensor) and obj.dtype in _BYTE_DTYPES:
-            return _from_bytes, (obj.detach().contiguous().view(torch.uint8), str(obj.dtype).removeprefix("torch."))
+        if isinstance(obj, torch.Tensor):
+            host = obj.detach().to("cpu").contiguous()
+            raw = host.reshape(-1).view(torch.uint8)
+            self._keep.append(raw)  # the bytes are read when the message is sent
+            buf = (ctypes.c_char * raw.numel()).from_address(raw.data_ptr()) if raw.numel() else b""
+            return _tensor, (pickle.PickleBuffer(buf), str(obj.dtype).removeprefix("torch."), tuple(obj.shape),
+                             "cpu" if obj.device.type == "cpu" else str(obj.device))
         return NotImplemented
 
 
 def send(conn: Connection, obj: Any) -> None:
-    buf = io.BytesIO()
-    _Pickler(buf, protocol=pickle.HIGHEST_PROTOCOL).dump(obj)
+    """One message: a header (buffer sizes, then the pickle), then each tensor's bytes."""
+    buffers: list[pickle.PickleBuffer] = []
+    out = io.BytesIO()
+    pickler = _Pickler(out, protocol=5, buffer_callback=buffers.append)
+    pickler._keep = []
+    pickler.dump(obj)
+    views = [b.raw() for b in buffers]
+    header = struct.pack(f"<I{len(views)}Q", len(views), *(v.nbytes for v in views)) + out.getbuffer()
     try:
-        conn.send_bytes(buf.getbuffer())
+        conn.send_bytes(header)
+        fd = conn.fileno()
+        for v in views:  # unframed: the header gave their sizes
+            v = v.cast("B")
+            while v.nbytes:
+                v = v[os.write(fd, v):]
     except (BrokenPipeError, ConnectionResetError, OSError) as e:
         raise ChannelClosed(str(e)) from None
+
+
+def _read_into(conn: Connection, buf: bytearray, deadline: Optional[float]) -> None:
+    """Fill buf straight from the socket (no intermediate copies), before the deadline."""
+    view, fd = memoryview(buf), conn.fileno()
+    while view.nbytes:
+        if deadline is not None and not conn.poll(max(0.0, deadline - time.monotonic())):
+            raise DeadlineExceeded()
+        n = os.readv(fd, [view])
+        if n == 0:
+            raise EOFError
+        view = view[n:]
 
 
 def recv(conn: Connection, deadline: Optional[float]) -> Any:
@@ -81,7 +109,14 @@ def recv(conn: Connection, deadline: Optional[float]) -> Any:
     try:
         if deadline is not None and not conn.poll(max(0.0, deadline - time.monotonic())):
             raise DeadlineExceeded()
-        data = conn.recv_bytes()
+        header = conn.recv_bytes()
+        (n,) = struct.unpack_from("<I", header)
+        sizes = struct.unpack_from(f"<{n}Q", header, 4)
+        buffers = []
+        for size in sizes:
+            buf = bytearray(size)
+            _read_into(conn, buf, deadline)
+            buffers.append(buf)
     except (EOFError, ConnectionResetError, OSError) as e:
         raise ChannelClosed(str(e) or "end of channel") from None
-    return pickle.loads(data)
+    return pickle.loads(memoryview(header)[4 + 8 * n:], buffers=buffers)
