@@ -1,0 +1,230 @@
+"""Throughput against flashinfer-bench 0.1.2: the same dataset, the same settings, one GPU, one run.
+
+    python benchmarks/vs_flashinfer_bench.py [--dataset datasets/core --workload-set gpu
+        --solutions solutions] [--warmup 10 --iterations 50 --trials 3] [--work DIR]
+
+Both tools get one FlashInfer Trace folder, written here from a fibray dataset (definitions,
+the workloads of one set, solutions): flashinfer-bench through `TraceSet.from_path` and its
+`Benchmark` with the persistent runner (its default), fibray through `python -m fibray.sweep`
+with the same warm-up, iterations, trials and tolerances. Each runs as its own process, with
+its own empty Triton cache; wall time counts from process start to exit (imports, start-up,
+compilation and every evaluation). Baseline: flashinfer-bench. Prints wall time, evaluations
+per second, the ratio, whether the two agree on every (solution, workload) status, the
+median ratio of their latencies where both passed, and fibray's breakdown of where its time went.
+flashinfer-bench's runner needs CUDA; `--only fibray` runs fibray's half on any machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+# -- the shared dataset ----------------------------------------------------------------------
+def prepare_dataset(dataset: Path, workload_set: str | None, solution_roots: list[Path], out: Path,
+                    definitions: list[str] | None = None, solutions: list[str] | None = None) -> dict[str, int]:
+    """Write a FlashInfer Trace folder (definitions/, workloads/, solutions/, blobs) that both tools load.
+
+    Files are written as fibray's loader validated them, so both tools see the same contracts.
+    """
+    from fibray.dataset import load_dataset
+
+    ds = load_dataset(dataset, definitions=definitions, solution_roots=solution_roots, solutions=solutions,
+                      workload_set=workload_set)
+    if out.exists():
+        shutil.rmtree(out)
+    counts = {"definitions": 0, "workloads": 0, "solutions": 0}
+    for name, d in sorted(ds.definitions.items()):
+        op = d.op_type
+        (out / "definitions" / op).mkdir(parents=True, exist_ok=True)
+        (out / "definitions" / op / f"{name}.json").write_text(json.dumps(d.to_json_dict(), indent=1))
+        counts["definitions"] += 1
+        rows = [{"definition": name, "solution": None, "workload": w.to_json_dict(), "evaluation": None}
+                for w in ds.workloads.get(name, [])]
+        (out / "workloads" / op).mkdir(parents=True, exist_ok=True)
+        (out / "workloads" / op / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        counts["workloads"] += len(rows)
+        for sol in ds.solutions_for(name):
+            (out / "solutions" / op / name).mkdir(parents=True, exist_ok=True)
+            (out / "solutions" / op / name / f"{sol.name}.json").write_text(json.dumps(sol.to_json_dict(), indent=1))
+            counts["solutions"] += 1
+    for blobs in ("blob",):  # safetensors inputs are named relative to the dataset root
+        if (Path(ds.root) / blobs).is_dir():
+            (out / blobs).symlink_to((Path(ds.root) / blobs).resolve())
+    return counts
+
+
+# -- the two runs ----------------------------------------------------------------------------
+def _fib_child(args: argparse.Namespace) -> None:
+    """flashinfer-bench's half, in its own process: Benchmark.run_all with the persistent runner."""
+    t0 = time.monotonic()
+    from flashinfer_bench.bench import Benchmark, BenchmarkConfig
+    from flashinfer_bench.data import TraceSet
+
+    ts = TraceSet.from_path(str(args.fib_child))
+    cfg = BenchmarkConfig(warmup_runs=args.warmup, iterations=args.iterations, num_trials=args.trials,
+                          atol=args.atol, rtol=args.rtol, log_dir=str(Path(args.work) / "fib-logs"))
+    t1 = time.monotonic()
+    bench = Benchmark(ts, cfg)
+    try:
+        result = bench.run_all(dump_traces=False)
+    finally:
+        bench.close()
+    t2 = time.monotonic()
+    rows = []
+    for traces in result.traces.values():
+        for t in traces:
+            ev = t.evaluation
+            perf = ev.performance
+            rows.append({"solution": t.solution, "workload_uuid": t.workload.uuid, "status": ev.status.value,
+                         "latency_ms": perf.latency_ms if perf is not None else None})
+    Path(args.fib_out).write_text(json.dumps({"rows": rows, "load_s": t1 - t0, "run_s": t2 - t1}))
+
+
+def run_flashinfer_bench(data: Path, work: Path, args: argparse.Namespace) -> dict[str, Any]:
+    out = work / "fib-result.json"
+    env = {**os.environ, "TRITON_CACHE_DIR": str(work / "fib-triton-cache")}
+    cmd = [sys.executable, __file__, "--fib-child", str(data), "--fib-out", str(out), "--work", str(work),
+           *_settings_argv(args)]
+    t0 = time.monotonic()
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    wall = time.monotonic() - t0
+    (work / "fib.log").write_text(proc.stdout + proc.stderr)
+    if proc.returncode != 0 or not out.exists():
+        raise SystemExit(f"flashinfer-bench run failed (rc={proc.returncode}); log {work / 'fib.log'}:\n"
+                         + (proc.stdout + proc.stderr)[-3000:])
+    res = json.loads(out.read_text())
+    res["wall_s"] = wall
+    return res
+
+
+def run_fibray(data: Path, work: Path, args: argparse.Namespace) -> dict[str, Any]:
+    import pyarrow.parquet as pq
+
+    store = work / "fibray-store"
+    shutil.rmtree(store, ignore_errors=True)
+    cmd = [sys.executable, "-m", "fibray.sweep", f"dataset.root={data}", "solutions.roots=[]",
+           f"store.root={store}", "sweep.name=vs_flashinfer_bench", "sweep.progress=false",
+           f"eval.warmup={args.warmup}", f"eval.iterations={args.iterations}", f"eval.trials={args.trials}",
+           f"eval.atol={args.atol}", f"eval.rtol={args.rtol}", *args.fibray_override]
+    env = {**os.environ, "TRITON_CACHE_DIR": str(work / "fibray-triton-cache")}
+    t0 = time.monotonic()
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=work)
+    wall = time.monotonic() - t0
+    (work / "fibray.log").write_text(proc.stdout + proc.stderr)
+    if proc.returncode != 0:
+        raise SystemExit(f"fibray sweep failed (rc={proc.returncode}); log {work / 'fibray.log'}:\n"
+                         + (proc.stdout + proc.stderr)[-3000:])
+    table = pq.read_table(store, columns=["solution", "workload_uuid", "status", "latency_ms"],
+                          partitioning="hive").to_pylist()
+    lines = proc.stdout.splitlines()
+    return {"rows": table, "wall_s": wall,
+            "breakdown": next((ln.removeprefix("time: ") for ln in lines if ln.startswith("time: ")), ""),
+            "summary": next((ln for ln in lines if ln.startswith("sweep ")), "")}
+
+
+def _settings_argv(args: argparse.Namespace) -> list[str]:
+    return ["--warmup", str(args.warmup), "--iterations", str(args.iterations), "--trials", str(args.trials),
+            "--atol", str(args.atol), "--rtol", str(args.rtol)]
+
+
+# -- comparison ------------------------------------------------------------------------------
+def compare(fibray_rows: list[dict], fib_rows: list[dict]) -> dict[str, Any]:
+    """Status agreement per (solution, workload) and latency ratios where both passed."""
+    ours = {(r["solution"], r["workload_uuid"]): r for r in fibray_rows}
+    theirs = {(r["solution"], r["workload_uuid"]): r for r in fib_rows}
+    both = sorted(set(ours) & set(theirs))
+    disagree = [(k, ours[k]["status"], theirs[k]["status"]) for k in both if ours[k]["status"] != theirs[k]["status"]]
+    ratios = [ours[k]["latency_ms"] / theirs[k]["latency_ms"] for k in both
+              if ours[k]["status"] == theirs[k]["status"] == "PASSED"
+              and ours[k]["latency_ms"] and theirs[k]["latency_ms"]]
+    return {"pairs": len(both), "only_fibray": sorted(set(ours) - set(theirs)),
+            "only_fib": sorted(set(theirs) - set(ours)), "disagree": disagree, "latency_ratios": ratios}
+
+
+def _versions() -> str:
+    import importlib.metadata as md
+
+    import torch
+
+    gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "no GPU"
+    names = ("torch", "triton", "ray", "flashinfer-bench", "fibray")
+    vers = []
+    for n in names:
+        try:
+            vers.append(f"{n} {md.version(n)}")
+        except md.PackageNotFoundError:
+            vers.append(f"{n} -")
+    return f"{gpu}; python {sys.version.split()[0]}; " + ", ".join(vers)
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--dataset", type=Path, default=REPO / "datasets" / "core")
+    ap.add_argument("--workload-set", default="gpu")
+    ap.add_argument("--solutions", type=Path, nargs="*", default=[REPO / "solutions"])
+    ap.add_argument("--definitions", nargs="*", default=None)
+    ap.add_argument("--warmup", type=int, default=10)
+    ap.add_argument("--iterations", type=int, default=50)
+    ap.add_argument("--trials", type=int, default=3)
+    ap.add_argument("--atol", type=float, default=1e-2)
+    ap.add_argument("--rtol", type=float, default=1e-2)
+    ap.add_argument("--work", type=Path, default=Path("/tmp/fibray-vs-fib"))
+    ap.add_argument("--only", choices=("fibray", "flashinfer-bench"), default=None)
+    ap.add_argument("--fibray-override", nargs="*", default=[], help="extra fibray.sweep overrides (key=value)")
+    ap.add_argument("--fib-child", type=Path, help=argparse.SUPPRESS)
+    ap.add_argument("--fib-out", type=Path, help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.fib_child:
+        _fib_child(args)
+        return
+    work = args.work.resolve()
+    work.mkdir(parents=True, exist_ok=True)
+    data = work / "dataset"
+    counts = prepare_dataset(args.dataset, args.workload_set, args.solutions, data, definitions=args.definitions)
+    print(_versions())
+    print(f"dataset {args.dataset} (workload set {args.workload_set}): {counts['definitions']} definitions, "
+          f"{counts['workloads']} workloads, {counts['solutions']} solutions; warm-up {args.warmup}, "
+          f"iterations {args.iterations}, trials {args.trials}, atol {args.atol}, rtol {args.rtol}")
+    res: dict[str, dict] = {}
+    if args.only in (None, "flashinfer-bench"):
+        res["flashinfer-bench"] = run_flashinfer_bench(data, work, args)
+    if args.only in (None, "fibray"):
+        res["fibray"] = run_fibray(data, work, args)
+    print(f"\n{'tool':<18}{'evals':>7}{'wall_s':>9}{'eval/s':>9}")
+    for name, r in res.items():
+        n = len(r["rows"])
+        print(f"{name:<18}{n:>7}{r['wall_s']:>9.1f}{n / r['wall_s']:>9.2f}")
+    if "fibray" in res:
+        print(f"fibray: {res['fibray']['summary']}\nfibray time: {res['fibray']['breakdown']}")
+    if "flashinfer-bench" in res:
+        f = res["flashinfer-bench"]
+        print(f"flashinfer-bench: import+load {f['load_s']:.1f}s, Benchmark.run_all {f['run_s']:.1f}s")
+    if len(res) == 2:
+        a, b = res["fibray"], res["flashinfer-bench"]
+        print(f"\nratio fibray / flashinfer-bench (eval/s; baseline flashinfer-bench): "
+              f"{(len(a['rows']) / a['wall_s']) / (len(b['rows']) / b['wall_s']):.2f}x")
+        c = compare(a["rows"], b["rows"])
+        agree = c["pairs"] - len(c["disagree"])
+        print(f"statuses: {agree}/{c['pairs']} (solution, workload) pairs agree; "
+              f"only in fibray {len(c['only_fibray'])}, only in flashinfer-bench {len(c['only_fib'])}")
+        for (sol, uuid), ours, theirs in c["disagree"]:
+            print(f"  disagree: {sol} {uuid[:8]}: fibray {ours}, flashinfer-bench {theirs}")
+        if c["latency_ratios"]:
+            q = statistics.quantiles(c["latency_ratios"], n=4) if len(c["latency_ratios"]) > 1 else c["latency_ratios"] * 3
+            print(f"latency fibray / flashinfer-bench where both PASSED ({len(c['latency_ratios'])} pairs): "
+                  f"median {statistics.median(c['latency_ratios']):.3f}, quartiles {q[0]:.3f}-{q[2]:.3f}")
+
+
+if __name__ == "__main__":
+    main()
