@@ -23,6 +23,7 @@ from fibray.schema import Definition, Job
 from fibray.timing import Timing, time_calls
 
 _equal = torch.equal
+_clone = torch.Tensor.clone
 _storage = torch.Tensor.untyped_storage
 _storage_ptr = torch.UntypedStorage.data_ptr
 _storage_nbytes = torch.UntypedStorage.nbytes
@@ -48,7 +49,6 @@ class TrialOutput:
     """What one call produced, for the judge."""
 
     outputs: list[Any] = field(default_factory=list)
-    inputs_after: list[Any] = field(default_factory=list)
     failure: Optional[CandidateFailure] = None
     draws: Optional[torch.Tensor] = None
     """[n, batch] first outputs of repeated calls, for checkers that judge many draws (sampling)."""
@@ -181,7 +181,10 @@ class CandidateRunner:
                            trial=trial, device=self.device, blobs=self.blobs)
 
     def call(self, runnable: Runnable, job: Job, args: list[Any], axes: Optional[dict[str, int]] = None) -> TrialOutput:
-        """Call the candidate once on args (kept alive by the caller)."""
+        """Call the candidate once on args (kept alive by the caller). Inputs are compared with
+        a copy taken before the call here, with functions captured at import: sending them back
+        to the judge would cost a device-to-host round trip of every input on every call."""
+        before = [(i, _clone(a)) for i, a in enumerate(args) if _isinstance(a, torch.Tensor)]
         try:
             with torch.no_grad():
                 if runnable.destination_passing_style:
@@ -208,7 +211,13 @@ class CandidateRunner:
             ):
                 return TrialOutput(failure=CandidateFailure("INCORRECT_NUMERICAL", "output_aliases_input",
                                                             f"output {name!r} shares memory with an input"))
-        return TrialOutput(outputs=list(outputs), inputs_after=list(args))
+        inputs = list(job.definition.inputs)
+        for i, copy in before:
+            after = args[i]
+            if not _isinstance(after, torch.Tensor) or after.shape != copy.shape or not _equal(after, copy):
+                return TrialOutput(failure=CandidateFailure("INCORRECT_NUMERICAL", "mutated_inputs",
+                                                            f"input {inputs[i]!r} was modified by the call"))
+        return TrialOutput(outputs=list(outputs))
 
     def trial(self, job: Job, trial: int) -> TrialOutput:
         """Fresh inputs for this trial (kept for timing), one call."""
