@@ -50,7 +50,9 @@ def make_dataset(root: Path, workloads: int) -> Path:
 
 
 def run_once(dataset: Path, store: Path, gpus: int, lean: bool) -> dict:
-    from fibray.store import scan
+    import pyarrow.compute as pc
+
+    from fibray.store import TraceStore
     from fibray.sweep import run_sweep, validate_config
 
     cfg = validate_config({
@@ -64,15 +66,16 @@ def run_once(dataset: Path, store: Path, gpus: int, lean: bool) -> dict:
     })
     t0 = datetime.now(timezone.utc)
     report = run_sweep(cfg)
-    df = scan(store).collect()
-    assert len(df) == report.total_jobs == report.recorded, (len(df), report)
-    assert set(df["status"]) == {"PASSED"}, df["status"].value_counts()
-    first, last = df["started_at"].min(), df["finished_at"].max()
-    busy = (df["finished_at"] - df["started_at"]).dt.total_microseconds().sum() / 1e6
+    table = TraceStore(store).read(sweep=f"scaling{gpus}", columns=["status", "started_at", "finished_at", "worker"])
+    assert table.num_rows == report.total_jobs == report.recorded, (table.num_rows, report)
+    assert set(table["status"].to_pylist()) == {"PASSED"}, table["status"].value_counts()
+    started, finished = table["started_at"], table["finished_at"]
+    first, last = pc.min(started).as_py(), pc.max(finished).as_py()
+    busy = pc.sum(pc.microseconds_between(started, finished)).as_py() / 1e6
     window = (last - first).total_seconds()
-    return {"gpus": gpus, "jobs": len(df), "wall": report.wall_s, "start": (first - t0).total_seconds(),
-            "window": window, "busy": busy, "overhead_ms": 1e3 * (gpus * window - busy) / len(df),
-            "slots": df["worker"].n_unique()}
+    return {"gpus": gpus, "jobs": table.num_rows, "wall": report.wall_s, "start": (first - t0).total_seconds(),
+            "window": window, "busy": busy, "overhead_ms": 1e3 * (gpus * window - busy) / table.num_rows,
+            "slots": len(set(table["worker"].to_pylist())), "phases": report.time_breakdown()}
 
 
 def main() -> None:
@@ -104,6 +107,7 @@ def main() -> None:
             print(f"{r['gpus']:>4} {r['jobs']:>5} {r['wall']:>7.1f} {r['start']:>7.1f} {r['window']:>8.1f} "
                   f"{r['jobs'] / r['wall']:>7.2f} {speed:>7.2f} {speed / gpus:>5.2f} {r['jobs'] / r['window']:>8.2f} "
                   f"{win_speed:>7.2f} {win_speed / gpus:>7.2f} {r['busy']:>7.1f} {r['overhead_ms']:>10.1f}", flush=True)
+            print(f"     time: {r['phases']}", flush=True)
             if r["slots"] != gpus:
                 print(f"     (only {r['slots']} of {gpus} slots ran jobs)", flush=True)
             time.sleep(1)  # let the previous Ray's processes go before the next starts

@@ -32,10 +32,12 @@ REPO = Path(__file__).resolve().parents[1]
 
 # -- the shared dataset ----------------------------------------------------------------------
 def prepare_dataset(dataset: Path, workload_set: str | None, solution_roots: list[Path], out: Path,
-                    definitions: list[str] | None = None, solutions: list[str] | None = None) -> dict[str, int]:
+                    definitions: list[str] | None = None, solutions: list[str] | None = None,
+                    languages: tuple[str, ...] = ("python", "triton")) -> dict[str, int]:
     """Write a FlashInfer Trace folder (definitions/, workloads/, solutions/, blobs) that both tools load.
 
     Files are written as fibray's loader validated them, so both tools see the same contracts.
+    Only solutions in `languages` are kept (flashinfer-bench 0.1.2 cannot load fibray's c_abi CUDA ones).
     """
     from fibray.dataset import load_dataset
 
@@ -55,6 +57,8 @@ def prepare_dataset(dataset: Path, workload_set: str | None, solution_roots: lis
         (out / "workloads" / op / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
         counts["workloads"] += len(rows)
         for sol in ds.solutions_for(name):
+            if sol.spec.language.value not in languages:
+                continue
             (out / "solutions" / op / name).mkdir(parents=True, exist_ok=True)
             (out / "solutions" / op / name / f"{sol.name}.json").write_text(json.dumps(sol.to_json_dict(), indent=1))
             counts["solutions"] += 1
@@ -179,6 +183,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--trials", type=int, default=3)
     ap.add_argument("--atol", type=float, default=1e-2)
     ap.add_argument("--rtol", type=float, default=1e-2)
+    ap.add_argument("--languages", nargs="+", default=["python", "triton"], help="solution languages to compare")
     ap.add_argument("--work", type=Path, default=Path("/tmp/fibray-vs-fib"))
     ap.add_argument("--only", choices=("fibray", "flashinfer-bench"), default=None)
     ap.add_argument("--fibray-override", nargs="*", default=[], help="extra fibray.sweep overrides (key=value)")
@@ -191,7 +196,8 @@ def main(argv: list[str] | None = None) -> None:
     work = args.work.resolve()
     work.mkdir(parents=True, exist_ok=True)
     data = work / "dataset"
-    counts = prepare_dataset(args.dataset, args.workload_set, args.solutions, data, definitions=args.definitions)
+    counts = prepare_dataset(args.dataset, args.workload_set, args.solutions, data, definitions=args.definitions,
+                             languages=tuple(args.languages))
     print(_versions())
     print(f"dataset {args.dataset} (workload set {args.workload_set}): {counts['definitions']} definitions, "
           f"{counts['workloads']} workloads, {counts['solutions']} solutions; warm-up {args.warmup}, "
