@@ -2,12 +2,13 @@
 
 Decorator form: ``@apply("rmsnorm_h4096")`` or ``@apply(lambda x, w: f"rmsnorm_h{x.shape[-1]}")``.
 Function form: ``apply("rmsnorm_h4096", args=(x, w), fallback=rmsnorm)``. With nothing
-enabled the wrapped function is called directly, after a single flag test.
+enabled the wrapped function is called directly, after a slot read and a flag test.
 """
 
 from __future__ import annotations
 
 import functools
+import inspect
 import logging
 from typing import Any, Callable, Optional, TypeVar, Union, overload
 
@@ -20,6 +21,53 @@ Target = Union[str, Callable[..., str]]
 """A definition name, or a resolver called with the call's arguments that returns one."""
 
 _resolver_errors: set[int] = set()
+
+_NO_KWARGS: dict[str, Any] = {}
+"""The kwargs of every call through a plain-signature wrapper; dispatch only reads it."""
+
+_WRAPPER = '''\
+def make(_fibray_fn, _fibray_slot, _fibray_hooks, _fibray_route, _fibray_target, _fibray_no_kwargs):
+    def wrapped({params}):
+        _fibray_dispatch = _fibray_slot[0]
+        if _fibray_dispatch is not None:  # a runtime serves this definition and no tracer is on
+            return _fibray_dispatch(_fibray_fn, {args}, {kwargs})
+        if _fibray_hooks.active:
+            return _fibray_route(_fibray_target, _fibray_fn, {args}, {route_kwargs})
+        return _fibray_fn({call})
+    return wrapped
+'''
+_PLAIN = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+
+
+def _plain_signature(fn: Callable[..., Any]) -> Optional[inspect.Signature]:
+    """fn's signature without annotations when the wrapper can copy it (every parameter
+    positional and without a default, so every call passes all of them, in order); else None."""
+    try:
+        sig = inspect.signature(fn, follow_wrapped=False)
+    except (TypeError, ValueError):  # a builtin or a callable without a readable signature
+        return None
+    params = list(sig.parameters.values())
+    if any(p.kind not in _PLAIN or p.default is not p.empty or p.name.startswith("_fibray_") for p in params):
+        return None
+    return sig.replace(parameters=[p.replace(annotation=p.empty) for p in params], return_annotation=sig.empty)
+
+
+def _wrapper(fn: Callable[..., Any], target: Target) -> Callable[..., Any]:
+    """The decorated function. It takes fn's own parameters where it can, so that a call packs
+    no *args/**kwargs (on a hit that packing would cost as much as the dispatch itself), reads
+    its definition's slot, and hands the call to that dispatch, to the route, or to fn."""
+    sig = _plain_signature(fn)
+    if sig is None:
+        fields = {"params": "*args, **kwargs", "args": "args", "kwargs": "kwargs", "route_kwargs": "kwargs",
+                  "call": "*args, **kwargs"}
+    else:
+        names = list(sig.parameters)
+        fields = {"params": str(sig)[1:-1], "args": f"({''.join(n + ', ' for n in names)})",
+                  "kwargs": "_fibray_no_kwargs", "route_kwargs": "{}", "call": ", ".join(names)}
+    scope: dict[str, Any] = {}
+    exec(compile(_WRAPPER.format(**fields), f"<fibray.apply wrapper of {fn!r}>", "exec"), scope)
+    slot = HOOKS.slot(target) if isinstance(target, str) else [None]  # a resolver: every call routes
+    return scope["make"](fn, slot, HOOKS, _route, target, _NO_KWARGS)
 
 
 def _route(target: Target, fallback: Callable[..., Any], args: tuple, kwargs: dict[str, Any]) -> Any:
@@ -76,20 +124,7 @@ def apply(
         return _route(target, fallback, tuple(args or ()), dict(kwargs or {}))
 
     def decorator(fn: F) -> F:
-        hooks = HOOKS
-        fixed = target if isinstance(target, str) else None
-
-        @functools.wraps(fn)
-        def wrapped(*call_args: Any, **call_kwargs: Any) -> Any:
-            fast = hooks.fast
-            if fast is not None and fixed is not None:  # apply on, no tracer, a named definition
-                dispatch = fast.get(fixed)
-                if dispatch is not None:
-                    return dispatch(fn, call_args, call_kwargs)
-            if not hooks.active:
-                return fn(*call_args, **call_kwargs)
-            return _route(target, fn, call_args, call_kwargs)
-
+        wrapped = functools.update_wrapper(_wrapper(fn, target), fn)
         wrapped.__fibray_target__ = target  # type: ignore[attr-defined]
         return wrapped  # type: ignore[return-value]
 

@@ -1,8 +1,9 @@
 """The process-wide slots that decorated functions consult on every call.
 
-Decorated functions read two attributes (`HOOKS.fast`, `HOOKS.active`) when nothing is
-enabled, so an idle fibray costs two branches per call. Only `fibray.apply.runtime` and
-`fibray.tracing` write these slots, through `set_runtime` and `set_tracer`.
+A decorated function reads its definition's slot (`HOOKS.slot(name)`, a one-element list
+holding the active runtime's dispatch for that name, or None) and, when that is empty, one
+flag (`HOOKS.active`). Only `fibray.apply.runtime` and `fibray.tracing` write these slots,
+through `set_runtime` and `set_tracer`.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ class Collector(Protocol):
 
 
 class _Hooks:
-    __slots__ = ("runtime", "tracer", "active", "fast")
+    __slots__ = ("runtime", "tracer", "active", "fast", "_slots")
 
     def __init__(self) -> None:
         self.runtime: Optional[Any] = None
@@ -28,10 +29,20 @@ class _Hooks:
         """runtime or tracer is set (the one flag the idle path reads)."""
         self.fast: Optional[dict[str, Callable[..., Any]]] = None
         """Definition name -> dispatch function, while a runtime is active and no tracer is."""
+        self._slots: dict[str, list[Optional[Callable[..., Any]]]] = {}
+
+    def slot(self, name: str) -> list[Optional[Callable[..., Any]]]:
+        """The slot of definition `name`: [its dispatch while a runtime serves it and no tracer is active, else None]."""
+        if name not in self._slots:
+            self._slots[name] = [None]
+            self.refresh()
+        return self._slots[name]
 
     def refresh(self) -> None:
         self.active = self.runtime is not None or self.tracer is not None
         self.fast = self.runtime.dispatch_functions if self.runtime is not None and self.tracer is None else None
+        for name, slot in self._slots.items():
+            slot[0] = self.fast.get(name) if self.fast is not None else None
 
 
 HOOKS = _Hooks()
