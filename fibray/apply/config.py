@@ -44,6 +44,9 @@ class ApplyConfig(BaseModel):
     """Outputs checked for NaN/Inf: None on every substituted call; N on the first N calls of each solution; 0 never."""
     bucket_cache_size: int = Field(default=4096, ge=0)
     """Most resolved unseen keys remembered per definition (beyond it they are resolved on every call)."""
+    compiled_dispatch: bool = True
+    """Serve plain hits and misses through the C++ hit path (compiled once per torch build, about 30 s,
+    then cached; the Python path if it cannot be built); False: the Python path only."""
     workdir: Optional[str] = None
     """Folder for builds; None: a fresh temporary folder."""
 

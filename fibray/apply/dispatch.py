@@ -3,8 +3,10 @@
 One Dispatcher per definition. Everything a call needs is precomputed into plain tuples
 and a dict keyed by the argument shapes, so a call costs a few attribute reads and one
 dict lookup (the generated hot path, fibray.apply.hotpath): no pydantic, no JSON, no
-allocation beyond the outputs. A substituted solution that raises or returns NaN/Inf never
-reaches the caller: that call falls back, and the solution is switched off for the process.
+allocation beyond the outputs. Where the C++ hit path builds (fibray.apply.native), it
+stands in front of that Python path and replays the table's plain decisions in one C call.
+A substituted solution that raises or returns NaN/Inf never reaches the caller: that call
+falls back, and the solution is switched off for the process.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import torch
 
 from fibray.apply.hotpath import generate, make_probe
 from fibray.apply.index import Key
+from fibray.apply.native import hit_path_type
 from fibray.inputs import torch_dtype
 from fibray.schema import Definition
 
@@ -38,7 +41,7 @@ class SolutionState:
         self.fn = fn
         self.dps = dps
         self.calls = 0
-        """Substituted calls that returned its result."""
+        """Substituted calls that returned its result (the C++ hit path's share is added when stats are read)."""
         self.check_left = -1 if check_calls is None else check_calls
         """Calls whose outputs are still checked for NaN/Inf (-1: every call)."""
         self.disabled: Optional[str] = None
@@ -69,8 +72,9 @@ def _all_finite(outputs: Any) -> bool:
 class Dispatcher:
     """Routes the calls of one definition to its verified solutions.
 
-    `dispatch(fallback, args, kwargs)` is the generated hot path (fibray.apply.hotpath); the
-    methods here are its slow paths: first sight of a signature, keyword or
+    `dispatch(fallback, args, kwargs)` is the C++ hit path (fibray.apply.native) in front of
+    the generated Python hot path (fibray.apply.hotpath), or that Python path alone; the
+    methods here are their slow paths: first sight of a signature, keyword or
     destination-passing callers, misses, failures.
     """
 
@@ -84,6 +88,7 @@ class Dispatcher:
         nearest: bool,
         cuda: bool,
         cache_size: int,
+        compiled: bool = True,
     ) -> None:
         self.name = definition.name
         self.definition = definition
@@ -115,27 +120,57 @@ class Dispatcher:
             self._key_locs.append((axis, *locs[0]))
         self._first = self._in_pos[0]
         self.counts = [0, 0, 0]
-        """Substituted calls by entry kind (HIT, BUCKETED)."""
-        self.misses = self.fallbacks = 0
+        """Substituted calls by entry kind (HIT, BUCKETED), once `sync_counters` has run."""
+        self._misses = self.fallbacks = 0
         self._box: list[dict[tuple, Entry]] = [{}]
         self._memo = 0
         self._probe_all = make_probe([(i, dtypes[i]) for i in all_pos], cuda)
-        self.dispatch = generate(
-            self.n_in, [(i, dtypes[i]) for i in self._in_pos], single_output=self.n_out == 1, cuda=cuda,
+        guard = [(i, dtypes[i]) for i in self._in_pos]
+        python_dispatch = generate(
+            self.n_in, guard, single_output=self.n_out == 1, cuda=cuda,
             env={"general": self._call_general, "miss": self._miss, "resolve": self._resolve,
                  "call_dps_winner": self._call_dps_winner, "normalize": self._normalize,
                  "outputs_ok": self._outputs_ok, "failed": self._failed, "raised": self._raised,
                  "box": self._box, "counts": self.counts},
         )
+        hit_path = hit_path_type() if compiled else None
+        self._hit_path = None if hit_path is None else hit_path(
+            slow=python_dispatch, on_error=self._raised, normalize=self._normalize, n_in=self.n_in,
+            guards=guard, cuda=cuda, single_output=self.n_out == 1)
+        self.dispatch: Callable[[Callable[..., Any], tuple, dict[str, Any]], Any] = self._hit_path or python_dispatch
+        """dispatch(fallback, args, kwargs): the call path decorated functions use."""
         self.compile()
 
     @property
+    def compiled(self) -> bool:
+        """Whether calls go through the C++ hit path first."""
+        return self._hit_path is not None
+
+    @property
     def hits(self) -> int:
+        self.sync_counters()
         return self.counts[HIT]
 
     @property
     def bucketed(self) -> int:
+        self.sync_counters()
         return self.counts[BUCKETED]
+
+    @property
+    def misses(self) -> int:
+        self.sync_counters()
+        return self._misses
+
+    def sync_counters(self) -> None:
+        """Add what the C++ hit path served since the last sync to the Python counters."""
+        if self._hit_path is None:
+            return
+        for state, kind, calls in self._hit_path.drain():
+            if kind == MISS:
+                self._misses += calls
+            else:
+                self.counts[kind] += calls
+                state.calls += calls
 
     @property
     def table(self) -> dict[tuple, Entry]:
@@ -160,6 +195,25 @@ class Dispatcher:
             table[ins + outs] = entry
         self._box[0] = table  # one reference swap: a concurrent call sees the old table or the new one
         self._memo = 0
+        self._mirror()
+
+    def _mirror(self) -> None:
+        """Hand the table's plain decisions to the C++ hit path, replacing what it had."""
+        if self._hit_path is not None:
+            self._hit_path.clear()
+            for sig, entry in self._box[0].items():
+                self._tell(sig, entry)
+
+    def _tell(self, sig: tuple, entry: Entry) -> None:
+        """One decision for the C++ hit path, if it is a plain one: call the fallback, or call a
+        solution whose outputs need no more checks. The rest (output checks) stays Python's."""
+        if self._hit_path is None or len(sig) != len(self._in_pos):  # inputs-then-outputs callers
+            return
+        state = entry.state
+        if state is None:
+            self._hit_path.put(sig, MISS, None, None)
+        elif state.check_left == 0:
+            self._hit_path.put(sig, entry.kind, state.fn, state, entry.outs if state.dps else None)
 
     def _shapes(self, axes: dict[str, int]) -> tuple[Shapes, Shapes]:
         ins = self.definition.input_shapes(axes)
@@ -194,11 +248,12 @@ class Dispatcher:
         if self._memo < self._cache_size:
             table[sig] = entry
             self._memo += 1
+            self._tell(sig, entry)
         return entry
 
     # -- slow paths of a call --------------------------------------------------------------
     def _miss(self, fallback: Callable[..., Any], args: tuple, kwargs: Optional[dict[str, Any]] = None) -> Any:
-        self.misses += 1
+        self._misses += 1
         return fallback(*args, **(kwargs or {}))
 
     def _call_general(self, fallback: Callable[..., Any], args: tuple, kwargs: dict[str, Any]) -> Any:
@@ -260,6 +315,8 @@ class Dispatcher:
             return False
         if state.check_left > 0:
             state.check_left -= 1
+            if state.check_left == 0:  # its calls need no more checks: the C++ hit path may serve them
+                self._mirror()
         return True
 
     def _normalize(self, result: Any) -> Any:

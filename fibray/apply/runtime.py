@@ -97,6 +97,7 @@ class ApplyRuntime:
                 self.dispatchers[name] = Dispatcher(
                     entry.definition, ranked, entry.failed, on_failure=self._switch_off,
                     nearest=config.on_miss == "nearest", cuda=cuda, cache_size=config.bucket_cache_size,
+                    compiled=config.compiled_dispatch,
                 )
             except ValueError as e:
                 log.warning("apply: %s; its calls will use the fallback", e)
@@ -181,6 +182,8 @@ class ApplyRuntime:
     # -- counters ------------------------------------------------------------------------
     def stats(self) -> ApplyStats:
         """A snapshot of the counters."""
+        for d in self.dispatchers.values():
+            d.sync_counters()  # before reading the solutions' call counts, which it adds to
         per = {
             name: DefinitionStats(d.hits, d.bucketed, d.misses, d.fallbacks, len(d.ranked))
             for name, d in self.dispatchers.items()
