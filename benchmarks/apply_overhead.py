@@ -23,19 +23,16 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository: fibray, examples
 
-from fibray.build import prepare_triton  # noqa: E402
+import torch
 
-prepare_triton()  # before anything imports triton
-
-import torch  # noqa: E402
-
-from fibray.apply import ApplyConfig, apply, build_runtime, disable_apply  # noqa: E402
+from fibray.apply import ApplyConfig, apply, build_runtime, disable_apply
+from fibray.build import prepare_triton
 
 H, N_MEASURED, N_UNSEEN = 64, 8, 9
 DEFINITION = {
@@ -111,6 +108,7 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=2000, help="calls per path per repeat")
     parser.add_argument("--repeats", type=int, default=51, help="timed repeats (the median is reported)")
     args = parser.parse_args()
+    prepare_triton()  # before anything imports triton (the in-process sweep may)
     device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     torch.set_grad_enabled(False)

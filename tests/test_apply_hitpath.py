@@ -10,8 +10,9 @@ from __future__ import annotations
 import inspect
 import logging
 import shutil
+from collections.abc import Callable
 from types import SimpleNamespace
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 import torch

@@ -9,7 +9,13 @@ Reads the store with pyarrow only.
 
 from fibray.apply.api import apply
 from fibray.apply.config import DISABLE_ENV, ApplyConfig
-from fibray.apply.index import Candidate, DefinitionIndex, IndexReport, build_index, read_rows
+from fibray.apply.index import (
+    Candidate,
+    DefinitionIndex,
+    IndexReport,
+    build_index,
+    read_rows,
+)
 from fibray.apply.runtime import (
     ApplyRuntime,
     ApplyStats,

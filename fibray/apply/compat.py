@@ -7,7 +7,7 @@ measured with; apply() must never trust a row measured on another GPU or stack.
 from __future__ import annotations
 
 import re
-from typing import Literal, Optional
+from typing import Literal
 
 from fibray.schema import Environment
 
@@ -24,7 +24,7 @@ def running_environment() -> Environment:
     return environment(default_device())
 
 
-def same_version(recorded: Optional[str], running: Optional[str], mode: Literal["exact", "minor"]) -> bool:
+def same_version(recorded: str | None, running: str | None, mode: Literal["exact", "minor"]) -> bool:
     """Whether two versions of a library match: exactly, or in major.minor ('2.11.0+cu128' ~ '2.11.1')."""
     if recorded is None or running is None:
         return recorded is None and running is None
@@ -37,14 +37,14 @@ def same_version(recorded: Optional[str], running: Optional[str], mode: Literal[
 
 
 def incompatibility(
-    hardware: Optional[str],
+    hardware: str | None,
     libs: dict[str, str],
     running: Environment,
     *,
-    want_hardware: Optional[str],
+    want_hardware: str | None,
     match_libs: list[str],
     version_match: Literal["exact", "minor"],
-) -> Optional[str]:
+) -> str | None:
     """Why a row recorded on (hardware, libs) does not hold here, or None when it does."""
     if hardware != (want_hardware or running.hardware):
         return "incompatible_hardware"

@@ -7,7 +7,7 @@ values copied into plain attributes of the dispatchers.
 from __future__ import annotations
 
 import os
-from typing import Literal, Optional
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -24,30 +24,30 @@ class ApplyConfig(BaseModel):
     """Largest absolute tolerance an evaluation may have been judged with (or its max abs error)."""
     max_rtol: float = Field(default=1e-2, ge=0)
     """Largest relative tolerance an evaluation may have been judged with."""
-    definitions: Optional[list[str]] = None
+    definitions: list[str] | None = None
     """Definition names to dispatch; None for every definition in the dataset."""
-    sweeps: Optional[list[str]] = None
+    sweeps: list[str] | None = None
     """Store sweeps whose evaluations count; None for all."""
-    hardware: Optional[str] = None
+    hardware: str | None = None
     """Hardware name evaluations must have run on; None: the running device (e.g. 'NVIDIA H200')."""
     match_libs: list[str] = Field(default_factory=lambda: ["torch", "triton", "cuda"])
     """Libraries whose versions must match the running process."""
     version_match: Literal["exact", "minor"] = "minor"
     """exact: identical version strings; minor: same major.minor (local build tags ignored)."""
-    min_speedup: Optional[float] = Field(default=None, gt=0)
+    min_speedup: float | None = Field(default=None, gt=0)
     """Drop evaluations whose speedup over the definition's reference is below this; None keeps all."""
     on_miss: Literal["nearest", "fallback"] = "nearest"
     """Unseen var-axis values: use the winner of the nearest measured key, or call the fallback."""
     candidates_per_key: int = Field(default=2, ge=1)
     """Ranked solutions kept per key and built ahead; a runner-up takes over when the winner is switched off."""
-    finite_check_calls: Optional[int] = Field(default=None, ge=0)
+    finite_check_calls: int | None = Field(default=None, ge=0)
     """Outputs checked for NaN/Inf: None on every substituted call; N on the first N calls of each solution; 0 never."""
     bucket_cache_size: int = Field(default=4096, ge=0)
     """Most resolved unseen keys remembered per definition (beyond it they are resolved on every call)."""
     compiled_dispatch: bool = True
     """Serve plain hits and misses through the C++ hit path (compiled once per torch build, about 30 s,
     then cached; the Python path if it cannot be built); False: the Python path only."""
-    workdir: Optional[str] = None
+    workdir: str | None = None
     """Folder for builds; None: a fresh temporary folder."""
 
     @field_validator("match_libs")

@@ -12,8 +12,9 @@ falls back, and the solution is switched off for the process.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any
 
 import torch
 
@@ -32,10 +33,10 @@ Shapes = tuple[tuple[int, ...], ...]
 class SolutionState:
     """A built solution as the hot path sees it, with its counters and circuit breaker."""
 
-    __slots__ = ("name", "hash", "fn", "dps", "calls", "check_left", "disabled")
+    __slots__ = ("calls", "check_left", "disabled", "dps", "fn", "hash", "name")
 
     def __init__(self, name: str, solution_hash: str, fn: Callable[..., Any], dps: bool,
-                 check_calls: Optional[int]) -> None:
+                 check_calls: int | None) -> None:
         self.name = name
         self.hash = solution_hash
         self.fn = fn
@@ -44,7 +45,7 @@ class SolutionState:
         """Substituted calls that returned its result (the C++ hit path's share is added when stats are read)."""
         self.check_left = -1 if check_calls is None else check_calls
         """Calls whose outputs are still checked for NaN/Inf (-1: every call)."""
-        self.disabled: Optional[str] = None
+        self.disabled: str | None = None
         """Why the circuit breaker switched it off; None while it is live."""
 
 
@@ -52,7 +53,7 @@ class SolutionState:
 class Entry:
     """What to do for one argument signature."""
 
-    state: Optional[SolutionState]
+    state: SolutionState | None
     """The solution to call; None: call the fallback."""
     kind: int
     """HIT, BUCKETED or MISS."""
@@ -220,7 +221,7 @@ class Dispatcher:
         outs = self.definition.output_shapes(axes)
         return tuple(s for s in ins.values() if s is not None), tuple(s or () for s in outs.values())
 
-    def _nearest_state(self, key: Key) -> Optional[SolutionState]:
+    def _nearest_state(self, key: Key) -> SolutionState | None:
         """The fastest live solution at the nearest measured key among those that never failed a key."""
         for k in sorted(self.ranked, key=lambda k: (_distance(k, key), tuple(-v for v in k))):
             clean = (s for s in self.ranked[k] if s.disabled is None and s.hash not in self._failed_somewhere)
@@ -252,7 +253,7 @@ class Dispatcher:
         return entry
 
     # -- slow paths of a call --------------------------------------------------------------
-    def _miss(self, fallback: Callable[..., Any], args: tuple, kwargs: Optional[dict[str, Any]] = None) -> Any:
+    def _miss(self, fallback: Callable[..., Any], args: tuple, kwargs: dict[str, Any] | None = None) -> Any:
         self._misses += 1
         return fallback(*args, **(kwargs or {}))
 
@@ -285,7 +286,7 @@ class Dispatcher:
             if ok and not state.dps:
                 for out, value in zip(outs, (result,) if self.n_out == 1 else result):
                     out.copy_(value)
-        except Exception as e:
+        except Exception as e:  # noqa: BLE001 - the safety net: a failing substitute never reaches the caller
             return self._raised(state, e, fallback, args, kwargs)
         if not ok:
             return self._failed(state, "returned non-finite outputs", fallback, args, kwargs)
@@ -301,7 +302,7 @@ class Dispatcher:
             state.fn(*args, *outs)
             result: Any = outs[0] if self.n_out == 1 else tuple(outs)
             ok = not state.check_left or self._outputs_ok(state, result)
-        except Exception as e:
+        except Exception as e:  # noqa: BLE001 - the safety net, as above
             return self._raised(state, e, fallback, args, {})
         if not ok:
             return self._failed(state, "returned non-finite outputs", fallback, args, {})
@@ -327,7 +328,7 @@ class Dispatcher:
             return result[0] if self.n_out == 1 else tuple(result)
         return result
 
-    def _bind(self, args: tuple, kwargs: dict[str, Any]) -> Optional[tuple]:
+    def _bind(self, args: tuple, kwargs: dict[str, Any]) -> tuple | None:
         """Keyword arguments placed in definition order; None when they do not fit the definition."""
         names = self._names[len(args):]
         if set(kwargs) - set(names):

@@ -8,7 +8,8 @@ through `set_runtime` and `set_tracer`.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Optional, Protocol
+from collections.abc import Callable
+from typing import Any, Protocol
 
 
 class Collector(Protocol):
@@ -18,20 +19,20 @@ class Collector(Protocol):
 
 
 class _Hooks:
-    __slots__ = ("runtime", "tracer", "active", "fast", "_slots")
+    __slots__ = ("_slots", "active", "fast", "runtime", "tracer")
 
     def __init__(self) -> None:
-        self.runtime: Optional[Any] = None
+        self.runtime: Any | None = None
         """The active ApplyRuntime, or None."""
-        self.tracer: Optional[Collector] = None
+        self.tracer: Collector | None = None
         """The active tracer, or None."""
         self.active = False
         """runtime or tracer is set (the one flag the idle path reads)."""
-        self.fast: Optional[dict[str, Callable[..., Any]]] = None
+        self.fast: dict[str, Callable[..., Any]] | None = None
         """Definition name -> dispatch function, while a runtime is active and no tracer is."""
-        self._slots: dict[str, list[Optional[Callable[..., Any]]]] = {}
+        self._slots: dict[str, list[Callable[..., Any] | None]] = {}
 
-    def slot(self, name: str) -> list[Optional[Callable[..., Any]]]:
+    def slot(self, name: str) -> list[Callable[..., Any] | None]:
         """The slot of definition `name`: [its dispatch while a runtime serves it and no tracer is active, else None]."""
         if name not in self._slots:
             self._slots[name] = [None]
@@ -48,14 +49,14 @@ class _Hooks:
 HOOKS = _Hooks()
 
 
-def set_runtime(runtime: Optional[Any]) -> Optional[Any]:
+def set_runtime(runtime: Any | None) -> Any | None:
     """Install (or clear, with None) the apply runtime; returns the previous one."""
     previous, HOOKS.runtime = HOOKS.runtime, runtime
     HOOKS.refresh()
     return previous
 
 
-def set_tracer(tracer: Optional[Collector]) -> Optional[Collector]:
+def set_tracer(tracer: Collector | None) -> Collector | None:
     """Install (or clear, with None) the tracer; returns the previous one."""
     previous, HOOKS.tracer = HOOKS.tracer, tracer
     HOOKS.refresh()

@@ -8,7 +8,8 @@ value-returning caller); everything else calls back into the Dispatcher's plain 
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -79,7 +80,7 @@ def generate(
     )
     scope = {**env, "grad_enabled": torch.is_grad_enabled, "Tensor": torch.Tensor,
              **{f"D{k}": dtype for k, (_, dtype) in enumerate(guard)}}
-    exec(compile(source, f"<fibray.apply dispatch of {n_in} inputs>", "exec"), scope)
+    exec(compile(source, f"<fibray.apply dispatch of {n_in} inputs>", "exec"), scope)  # noqa: S102 - our template
     return scope["dispatch"]
 
 
@@ -99,5 +100,5 @@ def make_probe(guard: list[tuple[int, torch.dtype]], cuda: bool) -> Callable[[tu
         f"    return ({''.join(f'{a}.shape, ' for a in names)})",
     ])
     scope: dict[str, Any] = {"grad_enabled": torch.is_grad_enabled, **{f"D{k}": d for k, (_, d) in enumerate(guard)}}
-    exec(compile(source, f"<fibray.apply probe of {len(guard)} tensors>", "exec"), scope)
+    exec(compile(source, f"<fibray.apply probe of {len(guard)} tensors>", "exec"), scope)  # noqa: S102 - our template
     return scope["probe"]

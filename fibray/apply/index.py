@@ -12,13 +12,20 @@ from __future__ import annotations
 import json
 import statistics
 from collections import Counter, defaultdict
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Optional
+from typing import Any
 
 from fibray.apply.compat import incompatibility
 from fibray.apply.config import ApplyConfig
-from fibray.schema import Definition, Environment, EvaluationStatus, Solution, content_hash
+from fibray.schema import (
+    Definition,
+    Environment,
+    EvaluationStatus,
+    Solution,
+    content_hash,
+)
 from fibray.store import TraceStore
 
 Key = tuple[int, ...]
@@ -66,7 +73,7 @@ class IndexReport:
     """(key, solution) pairs dropped because the solution failed at that key."""
 
 
-def read_rows(store: str | Path | TraceStore, sweeps: Optional[list[str]] = None) -> list[dict[str, Any]]:
+def read_rows(store: str | Path | TraceStore, sweeps: list[str] | None = None) -> list[dict[str, Any]]:
     """The store rows the index needs, as dicts (pyarrow only)."""
     store = store if isinstance(store, TraceStore) else TraceStore(store)
     if sweeps is None:
@@ -80,9 +87,9 @@ def _tolerance_ok(row: dict[str, Any], definition: Definition, settings: dict[st
     kind = check.kind if check else "elementwise"
     atol = check.atol if check and check.atol is not None else settings.get("atol")
     rtol = check.rtol if check and check.rtol is not None else settings.get("rtol")
-    if kind == "elementwise" and atol is not None and rtol is not None:
-        if atol <= config.max_atol and rtol <= config.max_rtol:
-            return True
+    if kind == "elementwise" and atol is not None and rtol is not None and atol <= config.max_atol \
+            and rtol <= config.max_rtol:
+        return True
     max_abs = row.get("max_abs_error")
     # the measured worst error, if small enough, proves the bound whatever the check was
     return kind in ("elementwise", "matched_ratio") and max_abs is not None and max_abs <= config.max_atol

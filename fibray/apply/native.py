@@ -21,7 +21,7 @@ import time
 from importlib.machinery import ExtensionFileLoader
 from importlib.util import module_from_spec, spec_from_loader
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import torch
 
@@ -40,7 +40,7 @@ class HitPathUnavailable(Exception):
 
 
 @functools.cache
-def hit_path_type() -> Optional[type]:
+def hit_path_type() -> type | None:
     """The HitPath class, built or loaded from the cache; None (and one warning) when it cannot be used."""
     try:
         hit_path = _load(_build()).HitPath

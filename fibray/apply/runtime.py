@@ -10,9 +10,10 @@ from __future__ import annotations
 import logging
 import tempfile
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Self
 
 from fibray.apply.compat import running_environment
 from fibray.apply.config import DISABLE_ENV, ApplyConfig, disabled_by_env
@@ -63,7 +64,7 @@ class ApplyStats:
     """Solution name -> why it could not be built when apply was enabled."""
     index: IndexReport
     """How the store rows were used."""
-    disabled_reason: Optional[str] = None
+    disabled_reason: str | None = None
     """Why nothing is substituted at all (e.g. the FIBRAY_APPLY_DISABLE switch)."""
 
 
@@ -75,9 +76,9 @@ class ApplyRuntime:
         index: dict[str, DefinitionIndex],
         report: IndexReport,
         config: ApplyConfig,
-        running: Optional[Environment] = None,
+        running: Environment | None = None,
         *,
-        disabled_reason: Optional[str] = None,
+        disabled_reason: str | None = None,
     ) -> None:
         self.config = config
         self.running = running
@@ -115,14 +116,14 @@ class ApplyRuntime:
                     break
         return states
 
-    def _state(self, solution: Solution) -> Optional[SolutionState]:
+    def _state(self, solution: Solution) -> SolutionState | None:
         if solution.hash in self._states:
             return self._states[solution.hash]
         if solution.name in self.dropped_builds:
             return None
         try:
             runnable = self._builds.get(solution)
-        except Exception as e:  # BuildError, or the host itself failing (disk, permissions): drop it
+        except Exception as e:  # noqa: BLE001 - BuildError, or the host itself failing (disk, permissions): drop it
             reason = e.reason if isinstance(e, BuildError) else type(e).__name__
             last_line = (str(e).strip().splitlines() or [""])[-1]
             self.dropped_builds[solution.name] = f"{reason}: {last_line}"
@@ -158,7 +159,7 @@ class ApplyRuntime:
         """Whether decorated functions currently dispatch through this runtime."""
         return HOOKS.runtime is self
 
-    def activate(self) -> "ApplyRuntime":
+    def activate(self) -> ApplyRuntime:
         """Make this the process's apply runtime (replacing any other); a no-op if disabled."""
         if self.disabled_reason is None:
             set_runtime(self)
@@ -169,7 +170,7 @@ class ApplyRuntime:
         if HOOKS.runtime is self:
             set_runtime(None)
 
-    def __enter__(self) -> "ApplyRuntime":
+    def __enter__(self) -> Self:
         return self.activate()
 
     def __exit__(self, *exc: object) -> None:
@@ -211,7 +212,7 @@ def build_runtime(
     dataset: str | Path | Dataset,
     *,
     solution_roots: Sequence[str | Path] = (),
-    config: Optional[ApplyConfig] = None,
+    config: ApplyConfig | None = None,
 ) -> ApplyRuntime:
     """Read the store, rank, and build the winners; the runtime is returned inactive."""
     config = config or ApplyConfig()
@@ -233,7 +234,7 @@ def enable_apply(
     dataset: str | Path | Dataset,
     *,
     solution_roots: Sequence[str | Path] = (),
-    config: Optional[ApplyConfig] = None,
+    config: ApplyConfig | None = None,
 ) -> ApplyRuntime:
     """Build a runtime from a trace store and a dataset (definitions + solutions) and activate it.
 
@@ -248,11 +249,11 @@ def disable_apply() -> None:
     set_runtime(None)
 
 
-def current_runtime() -> Optional[ApplyRuntime]:
+def current_runtime() -> ApplyRuntime | None:
     """The active runtime, or None."""
     return HOOKS.runtime
 
 
-def stats() -> Optional[ApplyStats]:
+def stats() -> ApplyStats | None:
     """Counters of the active runtime, or None when apply is not enabled."""
     return HOOKS.runtime.stats() if HOOKS.runtime is not None else None
