@@ -175,8 +175,10 @@ def test_counters_stay_exact_when_the_output_check_budget_hands_calls_to_the_com
     assert state.check_left == 0 and counters(d) == (6, 0, 0, 0, 6)
 
 
-def test_apply_uses_the_python_dispatch_when_the_hit_path_cannot_be_built(monkeypatch, tmp_path, caplog):
-    monkeypatch.setenv("CXX", str(tmp_path / "no-such-compiler"))
+@pytest.mark.parametrize("compiler", ["missing", "failing"])
+def test_apply_uses_the_python_dispatch_when_the_hit_path_cannot_be_built(compiler, monkeypatch, tmp_path, caplog):
+    cxx = str(tmp_path / "no-such-compiler") if compiler == "missing" else shutil.which("false") or "/bin/false"
+    monkeypatch.setenv("CXX", cxx)
     monkeypatch.setenv(native.CACHE_ENV, str(tmp_path / "cache"))
     native.hit_path_type.cache_clear()
     try:
@@ -184,7 +186,7 @@ def test_apply_uses_the_python_dispatch_when_the_hit_path_cannot_be_built(monkey
             served = Served()
             d = dispatcher(served, compiled=True)
         assert not d.compiled
-        assert "compiled hit path is unavailable" in caplog.text and "no-such-compiler" in caplog.text
+        assert "compiled hit path is unavailable" in caplog.text and cxx in caplog.text
         d(served.fallback, (x_(MEASURED_N), W), {})
         assert served.log == ["solution"] and counters(d) == (1, 0, 0, 0, 1)
     finally:

@@ -8,16 +8,20 @@ unavailable.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import functools
 import hashlib
 import logging
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import sysconfig
 import tempfile
 import time
+from collections.abc import Iterator
 from importlib.machinery import ExtensionFileLoader
 from importlib.util import module_from_spec, spec_from_loader
 from pathlib import Path
@@ -93,26 +97,57 @@ def _build() -> Path:
         return target
     try:
         folder.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix="build-", dir=folder))
+        with _locked(folder / "build.lock"):  # concurrent processes: one compiles, the others wait for it
+            if target.is_file():
+                return target
+            tmp = Path(tempfile.mkdtemp(prefix="build-", dir=folder))
+            try:
+                log.info("apply: compiling the C++ hit path into %s (once per torch build, about 30 s)", folder)
+                start = time.monotonic()
+                _compile(_command(cxx, tmp / target.name))
+                os.replace(tmp / target.name, target)  # atomic: a reader sees no file or the whole one
+                log.info("apply: compiled the C++ hit path in %.0f s", time.monotonic() - start)
+            finally:
+                shutil.rmtree(tmp, ignore_errors=True)
     except OSError as e:
-        raise HitPathUnavailable(f"cannot create the build folder under {folder}: {e}") from e
-    log.info("apply: compiling the C++ hit path into %s (once per torch build, about 30 s)", folder)
-    start = time.monotonic()
-    try:
-        done = subprocess.run(_command(cxx, tmp / target.name), capture_output=True, text=True,
-                              timeout=BUILD_TIMEOUT_S, check=False)
-        if done.returncode != 0:
-            tail = "\n".join((done.stderr or done.stdout).strip().splitlines()[-15:])
-            raise HitPathUnavailable(f"{cxx} exited with {done.returncode}:\n{tail}")
-        os.replace(tmp / target.name, target)  # atomic: concurrent builders publish the same file
-    except subprocess.TimeoutExpired as e:
-        raise HitPathUnavailable(f"{cxx} took longer than {BUILD_TIMEOUT_S:.0f} s") from e
-    except OSError as e:
-        raise HitPathUnavailable(f"running {cxx}: {e}") from e
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    log.info("apply: compiled the C++ hit path in %.0f s", time.monotonic() - start)
+        raise HitPathUnavailable(f"building under {folder}: {e}") from e
     return target
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    """Hold an exclusive lock on `path`, waiting at most one build's time for another holder."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+    try:
+        deadline = time.monotonic() + BUILD_TIMEOUT_S + 30
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise HitPathUnavailable(f"another process held {path} past {BUILD_TIMEOUT_S + 30:.0f} s") from None
+                time.sleep(0.5)
+        yield
+    finally:
+        os.close(fd)  # closing releases the lock
+
+
+def _compile(cmd: list[str]) -> None:
+    """Run the compiler in its own process group, killed whole if it runs past the deadline."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace",
+                            start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=BUILD_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        raise HitPathUnavailable(f"{cmd[0]} took longer than {BUILD_TIMEOUT_S:.0f} s") from None
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    if proc.returncode != 0:
+        tail = "\n".join(out.strip().splitlines()[-15:])
+        raise HitPathUnavailable(f"{cmd[0]} exited with {proc.returncode}:\n{tail}")
 
 
 def _load(path: Path) -> Any:
