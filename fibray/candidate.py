@@ -30,6 +30,7 @@ _storage_nbytes = torch.UntypedStorage.nbytes
 _sync = torch.cuda.synchronize
 _isinstance = isinstance
 _GUARD_BYTES = 4096
+_FP8 = {getattr(torch, n) for n in ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz") if hasattr(torch, n)}
 _GUARD_PATTERN = 0xA5
 _TIMING_BUDGET_BYTES = 1 << 30  # distinct input sets kept for timing: at most this many bytes...
 _TIMING_MAX_SETS = 16           # ...and this many sets; revisited sets are perturbed before each call
@@ -246,15 +247,20 @@ class CandidateRunner:
         extra = min(s.iterations * len(sets), _TIMING_MAX_SETS, _TIMING_BUDGET_BYTES // per_set) - len(sets)
         base = s.trials + 1  # trial indices past the checked ones and the re-check
         arg_sets = [list(a) for a in sets] + [self._inputs(job, base + i) for i in range(max(0, extra))]
-        floats = [[a for a in args if _isinstance(a, torch.Tensor) and a.is_floating_point() and a.numel()] for args in arg_sets]
+        # fp8 has no arithmetic in torch: its values are changed through their bytes
+        floats = [[a.view(-1) if a.dtype not in _FP8 else a.view(-1).view(torch.uint8)
+                   for a in args if _isinstance(a, torch.Tensor) and a.is_floating_point() and a.numel()]
+                  for args in arg_sets]
 
         def before_each(i: int) -> None:
             # once the distinct sets are used up, make each revisited set new content again
             if i >= len(arg_sets):
-                for t in floats[i % len(arg_sets)]:
-                    flat = t.view(-1)
-                    flat[(i * 7919) % flat.numel()] += 1.0
-                    flat[0] += 1.0
+                for flat in floats[i % len(arg_sets)]:
+                    for k in ((i * 7919) % flat.numel(), 0):
+                        if flat.dtype == torch.uint8:
+                            flat[k] ^= 1  # the lowest mantissa bit
+                        else:
+                            flat[k] += 1.0
 
         dps = runnable.destination_passing_style
         if dps:

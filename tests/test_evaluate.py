@@ -199,3 +199,19 @@ def test_interpreter_dot_on_bf16_matches_a_matmul():
     c = torch.empty(16, 16, dtype=torch.float32)
     dot[(1,)](a, b, c, N=16)
     torch.testing.assert_close(c, a.float() @ b.float(), atol=1e-4, rtol=1e-4)
+
+
+def test_fp8_inputs_survive_timing_with_revisited_input_sets():
+    """Timing revisits input sets (more calls than distinct sets) and changes them before each
+    call; fp8 tensors have no arithmetic, so their bytes are changed instead."""
+    from fibray.dataset import load_dataset
+
+    name = "gemm_fp8_block_scale_n1024_k2048"
+    root = Path(__file__).resolve().parents[1] / "datasets" / "llm"
+    ds = load_dataset(root, definitions=[name], workload_set="cpu_small", max_workloads_per_definition=1)
+    sol = ds.solutions[f"{name}_torch"]
+    job = Job(job_id="fp8-timing", sweep="t", definition=ds.definitions[name], workload=ds.workloads[name][0],
+              solution=sol, settings=EvalSettings(warmup=1, iterations=40, trials=1), dataset_root=str(ds.root))
+    ev = Evaluator(Path(tempfile.mkdtemp(prefix="fibray-fp8-")), torch.device("cpu")).evaluate(job)
+    assert ev.status.value == "PASSED", ev.log
+    assert ev.performance.n_samples > 16  # more timed calls than distinct input sets: sets were revisited
