@@ -20,6 +20,7 @@ from fibray.build import BuildCache, BuildError, DeviceRequired, Runnable, bind
 from fibray.check import collect_draws, draw_plan
 from fibray.inputs import BlobCache, materialize, poison_, torch_dtype
 from fibray.schema import Definition, Job
+from fibray.phases import Phases
 from fibray.timing import Timing, time_calls
 
 _equal = torch.equal
@@ -169,6 +170,8 @@ class CandidateRunner:
         self.builds = BuildCache(Path(workdir) / "builds")
         self.blobs = BlobCache()
         self._sets: dict[str, list[list[Any]]] = {}
+        self.clock = Phases()
+        """Seconds in inputs, the call itself and the checks of it, since the caller last took them."""
 
     def build(self, job: Job) -> Optional[BuildError]:
         try:
@@ -185,9 +188,11 @@ class CandidateRunner:
         """Call the candidate once on args (kept alive by the caller). Inputs are compared with
         a copy taken before the call here, with functions captured at import: sending them back
         to the judge would cost a device-to-host round trip of every input on every call."""
-        before = [(i, _clone(a)) for i, a in enumerate(args) if _isinstance(a, torch.Tensor)]
+        clock = self.clock
+        with clock("executor_verify"):
+            before = [(i, _clone(a)) for i, a in enumerate(args) if _isinstance(a, torch.Tensor)]
         try:
-            with torch.no_grad():
+            with clock("executor_call"), torch.no_grad():
                 if runnable.destination_passing_style:
                     guarded = _Guarded(job.definition, axes or job.workload.axes, self.device)
                     runnable(*args, *guarded.outputs)
@@ -195,13 +200,19 @@ class CandidateRunner:
                 else:
                     guarded = None
                     outputs = normalize_outputs(runnable(*args), job.definition)
-            if self.device.type == "cuda":
-                _sync(self.device)
+                if self.device.type == "cuda":
+                    _sync(self.device)
         except WrongOutputs as e:
             return TrialOutput(failure=CandidateFailure("INCORRECT_SHAPE", "wrong_output_count", str(e)))
         except BaseException as e:  # the candidate may raise anything, SystemExit included
             status, reason = classify_exception(e)
             return TrialOutput(failure=CandidateFailure(status, reason, _format_exc(e)))
+        with clock("executor_verify"):
+            return self._verify(job, args, outputs, guarded, before)
+
+    def _verify(self, job: Job, args: list[Any], outputs: list[Any], guarded: Optional[_Guarded],
+                before: list[tuple[int, torch.Tensor]]) -> TrialOutput:
+        """Facts about a call that returned: guard bytes intact, no output aliasing an input, inputs unchanged."""
         if guarded is not None and not guarded.intact():
             return TrialOutput(failure=CandidateFailure("INCORRECT_NUMERICAL", "out_of_bounds_write",
                                                         "bytes around an output buffer were overwritten"))
@@ -226,7 +237,8 @@ class CandidateRunner:
             runnable = bind(self.builds.get(job.solution), job.definition)
         except BuildError as e:
             return TrialOutput(failure=CandidateFailure("COMPILE_ERROR", e.reason, str(e)))
-        args = self._inputs(job, trial)
+        with self.clock("executor_inputs"):
+            args = self._inputs(job, trial)
         self._sets.setdefault(job.job_id, []).append(args)
         out = self.call(runnable, job, args)
         plan = draw_plan(job.definition, args)
@@ -275,16 +287,16 @@ class CandidateRunner:
         a candidate that caches by buffer address or a weak fingerprint returns a stale answer."""
         runnable = bind(self.builds.get(job.solution), job.definition)
         sets = self._sets.get(job.job_id)
-        fresh = self._inputs(job, job.settings.trials)
-        if not sets:
-            return self.call(runnable, job, fresh)
-        args = sets[0]
-        for i, (old, new) in enumerate(zip(args, fresh)):
-            if _isinstance(old, torch.Tensor):
-                old.copy_(new)
-            else:
-                args[i] = new
-        return self.call(runnable, job, args)
+        with self.clock("executor_inputs"):
+            fresh = self._inputs(job, job.settings.trials)
+            if sets:
+                args = sets[0]
+                for i, (old, new) in enumerate(zip(args, fresh)):
+                    if _isinstance(old, torch.Tensor):
+                        old.copy_(new)
+                    else:
+                        args[i] = new
+        return self.call(runnable, job, args if sets else fresh)
 
     def finish(self, job: Job) -> None:
         """Drop what was kept for this job."""

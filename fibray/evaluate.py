@@ -10,13 +10,11 @@ candidate's failure becomes an Evaluation with a status and a reason.
 from __future__ import annotations
 
 import platform
-import time
 from collections import OrderedDict
-from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import Any, Optional
 
 import torch
 
@@ -28,6 +26,7 @@ from fibray.inputs import BlobCache, InputError, clone_args, materialize, torch_
 from fibray.schema import (
     Correctness, Definition, Environment, EvalSettings, Evaluation, EvaluationStatus, Job, Performance,
 )
+from fibray.phases import Phases
 from fibray.timing import LatencyStats, Timing, time_calls
 
 Status = EvaluationStatus
@@ -195,28 +194,11 @@ class Evaluator:
             self.runner.finish(job)
 
 
-class Phases(dict):
-    """Seconds one job spent in each phase, to show where a sweep's time goes.
-
-    run_job fills build, inputs_reference (the judge's inputs and reference outputs),
-    trials (candidate calls, transfer included), check, timing, recheck and
-    reference_timing; a GPU slot adds its own (finish, health, strays, escalation).
-    """
-
-    @contextmanager
-    def __call__(self, name: str) -> Iterator[None]:
-        t0 = time.perf_counter()
-        try:
-            yield
-        finally:
-            self[name] = self.get(name, 0.0) + time.perf_counter() - t0
-
-
 def run_job(job: Job, judge: Judge, calls, phases: Optional[Phases] = None) -> Evaluation:
     """The evaluation protocol, against any candidate side with build/trial/time/recheck
     (a CandidateRunner in this process, or a slot's channel to an executor)."""
     s = job.settings
-    phase = phases if phases is not None else Phases()
+    phase = phases if phases is not None else Phases()  # build, inputs_reference, trials, check, timing, ...
     with phase("build"):
         err = calls.build(job)
     if err is not None:

@@ -20,6 +20,7 @@ from fibray.dataset import Dataset, load_dataset
 from fibray.schema import EvaluationStatus, Job, JobResult
 from fibray.store import TraceStore, to_row
 from fibray.sweep.config import ConfigError, SweepConfig
+from fibray.phases import top_level
 
 log = logging.getLogger(__name__)
 
@@ -94,9 +95,14 @@ class SweepReport:
         capacity = self.slots * self.run_s
         if capacity <= 0:
             return "no jobs ran"
-        parts = sorted(self.phases.items(), key=lambda kv: -kv[1])
-        rest = max(0.0, capacity - sum(self.phases.values()))
-        cells = [f"{k} {v:.2f}s ({100 * v / capacity:.0f}%)" for k, v in parts]
+        parts = sorted(((k, v) for k, v in self.phases.items() if "." not in k), key=lambda kv: -kv[1])
+        rest = max(0.0, capacity - top_level(self.phases))
+        cells = []
+        for k, v in parts:
+            inner = sorted(((n.split(".", 1)[1], s) for n, s in self.phases.items() if n.startswith(k + ".")),
+                           key=lambda kv: -kv[1])
+            within = f" [{', '.join(f'{n} {s:.2f}s' for n, s in inner)}]" if inner else ""
+            cells.append(f"{k} {v:.2f}s ({100 * v / capacity:.0f}%){within}")
         cells.append(f"dispatch/idle {rest:.2f}s ({100 * rest / capacity:.0f}%)")
         return (f"setup {self.setup_s:.1f}s, slot start-up {self.start_s:.1f}s; jobs: {self.slots} slot(s) x "
                 f"{self.run_s:.1f}s = {capacity:.1f} slot-s: " + ", ".join(cells))

@@ -82,6 +82,7 @@ def main(argv: list[str] | None = None) -> None:
 
             status, reason = classify_exception(e)
             reply = Reply(False, error="".join(traceback.format_exception(e)), status=status, reason=reason)
+        reply.spent = runner.clock.take()
         try:
             send(conn, reply)
         except ChannelClosed:

@@ -15,7 +15,7 @@ import os
 import pickle
 import struct
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from typing import Any, Optional
 
@@ -48,6 +48,8 @@ class Reply:
     error: str = ""
     status: str = ""
     reason: str = ""
+    spent: dict = field(default_factory=dict)
+    """Seconds the executor spent per part of the request (inputs, call, checks)."""
 
 
 def _tensor(raw: memoryview, dtype: str, shape: tuple[int, ...], device: str) -> torch.Tensor:

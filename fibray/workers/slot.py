@@ -20,7 +20,8 @@ import torch
 
 from fibray.build import BuildError, prepare_triton
 from fibray.candidate import POISONING_REASONS, TrialOutput
-from fibray.evaluate import Judge, Phases, bound_log, default_device, environment, now_iso, run_job
+from fibray.evaluate import Judge, bound_log, default_device, environment, now_iso, run_job
+from fibray.phases import Phases
 from fibray.schema import Evaluation, EvaluationStatus, Job, JobResult
 from fibray.timing import Timing
 from fibray.workers import sandbox
@@ -43,14 +44,16 @@ class ExecutorFault(Exception):
 class _RemoteCalls:
     """run_job's candidate side, answered by an executor process under deadlines."""
 
-    def __init__(self, ex: sandbox.Executor, job: Job) -> None:
-        self.ex, self.job = ex, job
+    def __init__(self, ex: sandbox.Executor, job: Job, phase: Phases) -> None:
+        self.ex, self.job, self.phase = ex, job, phase
         self.run_deadline: Optional[float] = None
 
     def _ask(self, req: Request, deadline: float, phase: str) -> Reply:
         try:
             send(self.ex.conn, req)
-            return recv(self.ex.conn, deadline)
+            reply: Reply = recv(self.ex.conn, deadline)
+            self.phase.add(reply.spent, prefix=("trials." if req.op == "trial" else f"{req.op}."))
+            return reply
         except DeadlineExceeded:
             limit = self.job.settings.build_deadline_s if phase == "build" else self.job.settings.run_deadline_s
             raise ExecutorFault(Status.TIMEOUT, f"{phase}_timeout",
@@ -235,7 +238,7 @@ class GpuSlot:
                          phases=phase)
 
     def _run(self, ex: sandbox.Executor, job: Job, phase: Phases) -> tuple[Optional[Evaluation], Optional[ExecutorFault]]:
-        calls = _RemoteCalls(ex, job)
+        calls = _RemoteCalls(ex, job, phase)
         try:
             evaluation = run_job(job, self.judge, calls, phase)
         except ExecutorFault as f:
