@@ -215,3 +215,19 @@ def test_fp8_inputs_survive_timing_with_revisited_input_sets():
     ev = Evaluator(Path(tempfile.mkdtemp(prefix="fibray-fp8-")), torch.device("cpu")).evaluate(job)
     assert ev.status.value == "PASSED", ev.log
     assert ev.performance.n_samples > 16  # more timed calls than distinct input sets: sets were revisited
+
+
+@pytest.mark.parametrize("n", [50176, 200704])  # sizes where n * (1/n) < 1 in double precision
+def test_matched_ratio_is_an_exact_count(n):
+    """On CUDA mean() multiplies by 1/n: 7 x 7168 outputs all within tolerance came out as
+    0.9999999999999999 and failed. The ratio is a count divided by n, exactly 1.0 when all match."""
+    from fibray.check.base import error_stats
+
+    ref = torch.randn(n, dtype=torch.float32)
+    _, _, ratio = error_stats(ref.clone(), ref, Tolerance(atol=1e-2, rtol=1e-2))
+    assert ratio == 1.0
+    out = ref.clone()
+    out[n // 2] += 1.0
+    _, _, ratio = error_stats(out, ref, Tolerance(atol=1e-2, rtol=1e-2))
+    assert ratio == (n - 1) / n
+    assert n * (1.0 / n) < 1.0  # the rounding the old mean() was exposed to

@@ -114,4 +114,6 @@ def error_stats(out: torch.Tensor, ref: torch.Tensor, tol: Tolerance) -> tuple[f
     diff = torch.where(finite, (o - r).abs(), torch.zeros_like(r))
     rel = diff / (r.abs() + 1e-8)
     within = diff <= tol.atol + tol.rtol * r.abs()
-    return float(diff.max()), float(rel.max()), float(within.double().mean())
+    # a count, not mean(): CUDA's mean multiplies by 1/n, and n * (1/n) < 1 for some n (50176 = 7 x 7168
+    # gave 0.9999999999999999), which failed outputs whose every element was within tolerance
+    return float(diff.max()), float(rel.max()), int(within.sum()) / within.numel()
