@@ -16,27 +16,21 @@ from __future__ import annotations
 import argparse
 import math
 import statistics
-import subprocess
-import sys
 from collections import defaultdict
 from pathlib import Path
+
+from _sweep_cli import run_sweep_cli
 
 REPO = Path(__file__).resolve().parents[1]
 
 
 def _sweep(store: Path, workload_set: str, workloads: int, trials: int, extra: list[str]) -> None:
-    cmd = [sys.executable, "-m", "fibray.sweep", f"dataset.root={REPO / 'datasets' / 'llm'}",
-           f"dataset.workload_set={workload_set}", f"dataset.max_workloads_per_definition={workloads}",
-           "solutions.roots=[]", f"store.root={store}", "sweep.name=llm_families", "sweep.progress=false",
-           "eval.warmup=10", "eval.iterations=50", f"eval.trials={trials}", *extra]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    lines = proc.stdout.splitlines()
-    for ln in lines:
-        if ln.startswith(("sweep ", "time: ")):
-            print(ln, flush=True)
-    if proc.returncode != 0:
-        print(proc.stderr[-3000:], file=sys.stderr)
-        raise SystemExit(f"fibray.sweep failed (rc={proc.returncode})")
+    run = run_sweep_cli(
+        [f"dataset.root={REPO / 'datasets' / 'llm'}", f"dataset.workload_set={workload_set}",
+         f"dataset.max_workloads_per_definition={workloads}", "solutions.roots=[]", f"store.root={store}",
+         "sweep.name=llm_families", "eval.warmup=10", "eval.iterations=50", f"eval.trials={trials}", *extra],
+        log=store.with_name(store.name + ".log"))
+    print(f"{run.summary}\ntime: {run.breakdown}", flush=True)
 
 
 def _geomean(xs: list[float]) -> float:

@@ -27,6 +27,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from _sweep_cli import run_sweep_cli
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -62,9 +64,8 @@ def prepare_dataset(dataset: Path, workload_set: str | None, solution_roots: lis
             (out / "solutions" / op / name).mkdir(parents=True, exist_ok=True)
             (out / "solutions" / op / name / f"{sol.name}.json").write_text(json.dumps(sol.to_json_dict(), indent=1))
             counts["solutions"] += 1
-    for blobs in ("blob",):  # safetensors inputs are named relative to the dataset root
-        if (Path(ds.root) / blobs).is_dir():
-            (out / blobs).symlink_to((Path(ds.root) / blobs).resolve())
+    if (Path(ds.root) / "blob").is_dir():  # safetensors inputs are named relative to the dataset root
+        (out / "blob").symlink_to((Path(ds.root) / "blob").resolve())
     return counts
 
 
@@ -113,28 +114,18 @@ def run_flashinfer_bench(data: Path, work: Path, args: argparse.Namespace) -> di
 
 
 def run_fibray(data: Path, work: Path, args: argparse.Namespace) -> dict[str, Any]:
-    import pyarrow.parquet as pq
+    from fibray.store import TraceStore
 
     store = work / "fibray-store"
     shutil.rmtree(store, ignore_errors=True)
-    cmd = [sys.executable, "-m", "fibray.sweep", f"dataset.root={data}", "solutions.roots=[]",
-           f"store.root={store}", "sweep.name=vs_flashinfer_bench", "sweep.progress=false",
-           f"eval.warmup={args.warmup}", f"eval.iterations={args.iterations}", f"eval.trials={args.trials}",
-           f"eval.atol={args.atol}", f"eval.rtol={args.rtol}", *args.fibray_override]
-    env = {**os.environ, "TRITON_CACHE_DIR": str(work / "fibray-triton-cache")}
-    t0 = time.monotonic()
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=work)
-    wall = time.monotonic() - t0
-    (work / "fibray.log").write_text(proc.stdout + proc.stderr)
-    if proc.returncode != 0:
-        raise SystemExit(f"fibray sweep failed (rc={proc.returncode}); log {work / 'fibray.log'}:\n"
-                         + (proc.stdout + proc.stderr)[-3000:])
-    table = pq.read_table(store, columns=["solution", "workload_uuid", "status", "latency_ms"],
-                          partitioning="hive").to_pylist()
-    lines = proc.stdout.splitlines()
-    return {"rows": table, "wall_s": wall,
-            "breakdown": next((ln.removeprefix("time: ") for ln in lines if ln.startswith("time: ")), ""),
-            "summary": next((ln for ln in lines if ln.startswith("sweep ")), "")}
+    run = run_sweep_cli(
+        [f"dataset.root={data}", "solutions.roots=[]", f"store.root={store}", "sweep.name=vs_flashinfer_bench",
+         f"eval.warmup={args.warmup}", f"eval.iterations={args.iterations}", f"eval.trials={args.trials}",
+         f"eval.atol={args.atol}", f"eval.rtol={args.rtol}", *args.fibray_override],
+        log=work / "fibray.log", env={**os.environ, "TRITON_CACHE_DIR": str(work / "fibray-triton-cache")}, cwd=work)
+    rows = TraceStore(store).read(sweep="vs_flashinfer_bench",
+                                  columns=["solution", "workload_uuid", "status", "latency_ms"]).to_pylist()
+    return {"rows": rows, "wall_s": run.wall_s, "breakdown": run.breakdown, "summary": run.summary}
 
 
 def _settings_argv(args: argparse.Namespace) -> list[str]:

@@ -18,7 +18,7 @@ import torch
 
 from fibray.build import BuildCache, BuildError, DeviceRequired, Runnable, bind
 from fibray.check import collect_draws, draw_plan
-from fibray.inputs import BlobCache, materialize, poison_, torch_dtype
+from fibray.inputs import FP8_DTYPES, BlobCache, materialize, poison_, torch_dtype
 from fibray.schema import Definition, Job
 from fibray.phases import Phases
 from fibray.timing import Timing, time_calls
@@ -31,7 +31,6 @@ _storage_nbytes = torch.UntypedStorage.nbytes
 _sync = torch.cuda.synchronize
 _isinstance = isinstance
 _GUARD_BYTES = 4096
-_FP8 = {getattr(torch, n) for n in ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz") if hasattr(torch, n)}
 _GUARD_PATTERN = 0xA5
 _TIMING_BUDGET_BYTES = 1 << 30  # distinct input sets kept for timing: at most this many bytes...
 _TIMING_MAX_SETS = 16           # ...and this many sets; revisited sets are perturbed before each call
@@ -260,7 +259,7 @@ class CandidateRunner:
         base = s.trials + 1  # trial indices past the checked ones and the re-check
         arg_sets = [list(a) for a in sets] + [self._inputs(job, base + i) for i in range(max(0, extra))]
         # fp8 has no arithmetic in torch: its values are changed through their bytes
-        floats = [[a.view(-1) if a.dtype not in _FP8 else a.view(-1).view(torch.uint8)
+        floats = [[a.view(-1) if a.dtype not in FP8_DTYPES else a.view(-1).view(torch.uint8)
                    for a in args if _isinstance(a, torch.Tensor) and a.is_floating_point() and a.numel()]
                   for args in arg_sets]
 

@@ -28,6 +28,8 @@ TORCH_DTYPES: dict[DType, torch.dtype] = {
     DType.INT8: torch.int8,
     DType.BOOL: torch.bool,
 }
+FP8_DTYPES = frozenset({torch.float8_e4m3fn, torch.float8_e5m2})
+"""The fp8 dtypes a definition can name: floating point, but without arithmetic in torch."""
 _INT_RANGES = {torch.int8: (-128, 128), torch.int16: (-1024, 1024), torch.int32: (-1024, 1024), torch.int64: (-1024, 1024)}
 
 
@@ -50,7 +52,7 @@ def random_tensor(shape: tuple[int, ...], dtype: torch.dtype, device: torch.devi
     gen.manual_seed(seed)
     if dtype in (torch.float32, torch.float16, torch.bfloat16, torch.float64):
         return torch.randn(shape, generator=gen, device=device, dtype=torch.float32).to(dtype)
-    if dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
+    if dtype in FP8_DTYPES:
         return torch.randn(shape, generator=gen, device=device).clamp_(-2.0, 2.0).to(dtype)
     if dtype is torch.bool:
         return torch.randint(0, 2, shape, generator=gen, device=device, dtype=torch.bool)

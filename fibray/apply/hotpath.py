@@ -49,6 +49,15 @@ def dispatch(fallback, args, kwargs):
 '''
 
 
+def _guard_conditions(tensors: list[str], cuda: bool) -> list[str]:
+    """Source of the conditions under which a call misses: tensor k (named tensors[k]) is not of
+    dtype Dk or not contiguous, or (on CUDA) the first is not on the GPU."""
+    conds = [f"{a}.dtype is not D{k}" for k, a in enumerate(tensors)] + [f"not {a}.is_contiguous()" for a in tensors]
+    if cuda:
+        conds.append(f"not {tensors[0]}.is_cuda")
+    return conds
+
+
 def generate(
     n_in: int,
     guard: list[tuple[int, torch.dtype]],
@@ -67,9 +76,7 @@ def generate(
     """
     names = [f"a{i}" for i in range(n_in)]
     tensors = [names[i] for i, _ in guard]
-    conds = [f"{a}.dtype is not D{k}" for k, a in enumerate(tensors)] + [f"not {a}.is_contiguous()" for a in tensors]
-    if cuda:
-        conds.append(f"not {tensors[0]}.is_cuda")
+    conds = _guard_conditions(tensors, cuda)
     source = _TEMPLATE.format(
         n_in=n_in,
         unpack=", ".join(names) + ("," if n_in == 1 else ""),
@@ -87,9 +94,7 @@ def generate(
 def make_probe(guard: list[tuple[int, torch.dtype]], cuda: bool) -> Callable[[tuple], Any]:
     """For the slower paths (destination-passing callers): the shapes of `args`, or None when a guard fails."""
     names = [f"a{k}" for k in range(len(guard))]
-    conds = [f"{a}.dtype is not D{k}" for k, a in enumerate(names)] + [f"not {a}.is_contiguous()" for a in names]
-    if cuda:
-        conds.append(f"not {names[0]}.is_cuda")
+    conds = _guard_conditions(names, cuda)
     source = "\n".join([
         "def probe(args):",
         "    " + "; ".join(f"{a} = args[{i}]" for a, (i, _) in zip(names, guard)),

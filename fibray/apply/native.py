@@ -8,26 +8,25 @@ unavailable.
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import functools
 import hashlib
 import logging
 import os
 import shutil
-import signal
-import subprocess
 import sys
 import sysconfig
 import tempfile
 import time
-from collections.abc import Iterator
 from importlib.machinery import ExtensionFileLoader
 from importlib.util import module_from_spec, spec_from_loader
 from pathlib import Path
 from typing import Any
 
 import torch
+
+from fibray.build.base import BuildError
+from fibray.build.cache import BuildLockTimeout, exclusive_lock
+from fibray.build.cuda import host_compiler, run_compiler
 
 log = logging.getLogger(__name__)
 
@@ -55,13 +54,6 @@ def hit_path_type() -> type | None:
     return hit_path
 
 
-def _compiler() -> str:
-    cxx = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++")
-    if cxx is None:
-        raise HitPathUnavailable("no C++ compiler (set CXX, or install g++)")
-    return cxx
-
-
 def _command(cxx: str, output: Path) -> list[str]:
     """The compile-and-link line: the headers and libraries of the torch that is running."""
     root = Path(torch.__file__).parent
@@ -86,7 +78,7 @@ def _build() -> Path:
     """The extension's path, compiled now if no process on this machine has compiled this version yet."""
     if not SOURCE.is_file():
         raise HitPathUnavailable(f"{SOURCE} is missing from this installation")
-    cxx = _compiler()
+    cxx = host_compiler()
     suffix = sysconfig.get_config_var("EXT_SUFFIX") or ".so"
     # everything the binary depends on: a new torch, Python, compiler or source is a new build
     identity = "\n".join([SOURCE.read_text(), torch.__version__, str(torch.version.git_version), sys.version,
@@ -97,57 +89,30 @@ def _build() -> Path:
         return target
     try:
         folder.mkdir(parents=True, exist_ok=True)
-        with _locked(folder / "build.lock"):  # concurrent processes: one compiles, the others wait for it
+        # concurrent processes: one compiles, the others wait for it
+        with exclusive_lock(folder / "build.lock", BUILD_TIMEOUT_S + 30):
             if target.is_file():
                 return target
             tmp = Path(tempfile.mkdtemp(prefix="build-", dir=folder))
             try:
                 log.info("apply: compiling the C++ hit path into %s (once per torch build, about 30 s)", folder)
                 start = time.monotonic()
-                _compile(_command(cxx, tmp / target.name))
+                _compile(_command(cxx, tmp / target.name), tmp)
                 os.replace(tmp / target.name, target)  # atomic: a reader sees no file or the whole one
                 log.info("apply: compiled the C++ hit path in %.0f s", time.monotonic() - start)
             finally:
                 shutil.rmtree(tmp, ignore_errors=True)
-    except OSError as e:
+    except (OSError, BuildLockTimeout) as e:
         raise HitPathUnavailable(f"building under {folder}: {e}") from e
     return target
 
 
-@contextlib.contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    """Hold an exclusive lock on `path`, waiting at most one build's time for another holder."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+def _compile(cmd: list[str], cwd: Path) -> None:
+    """The build's own compiler runner (process group, deadline, output on failure)."""
     try:
-        deadline = time.monotonic() + BUILD_TIMEOUT_S + 30
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() > deadline:
-                    raise HitPathUnavailable(f"another process held {path} past {BUILD_TIMEOUT_S + 30:.0f} s") from None
-                time.sleep(0.5)
-        yield
-    finally:
-        os.close(fd)  # closing releases the lock
-
-
-def _compile(cmd: list[str]) -> None:
-    """Run the compiler in its own process group, killed whole if it runs past the deadline."""
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace",
-                            start_new_session=True)
-    try:
-        out, _ = proc.communicate(timeout=BUILD_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        raise HitPathUnavailable(f"{cmd[0]} took longer than {BUILD_TIMEOUT_S:.0f} s") from None
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-    if proc.returncode != 0:
-        tail = "\n".join(out.strip().splitlines()[-15:])
-        raise HitPathUnavailable(f"{cmd[0]} exited with {proc.returncode}:\n{tail}")
+        run_compiler(cmd, cwd, BUILD_TIMEOUT_S, "hitpath_build")
+    except BuildError as e:
+        raise HitPathUnavailable(f"{cmd[0]}: {e}") from None
 
 
 def _load(path: Path) -> Any:

@@ -200,30 +200,33 @@ class ArtifactCache:
             raise
         return CacheResult(final, entry, compiled_here=True, waited_s=waited)
 
-    @contextlib.contextmanager
-    def _lock(self, key: str) -> Iterator[None]:
-        lock_dir = _shared_dir(self.root / ".locks")
-        fd = os.open(lock_dir / f"{key}.lock", os.O_RDWR | os.O_CREAT, 0o666)
-        with contextlib.suppress(PermissionError):
-            os.fchmod(fd, 0o666)  # umask aside: a worker running as another user must be able to lock it too
-        try:
-            deadline = time.monotonic() + self.lock_deadline_s
-            while True:
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    break
-                except BlockingIOError:
-                    if time.monotonic() >= deadline:
-                        holder = os.pread(fd, 128, 0).decode(errors="replace").strip() or "unknown"
-                        raise BuildLockTimeout(
-                            f"build lock {lock_dir / (key + '.lock')} still held by {holder} after "
-                            f"{self.lock_deadline_s:.0f}s") from None
-                    time.sleep(self.poll_s)
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, f"{socket.gethostname()}:{os.getpid()}".encode(), 0)
-            yield
-        finally:
-            os.close(fd)  # closing releases the flock
+    def _lock(self, key: str) -> contextlib.AbstractContextManager[None]:
+        return exclusive_lock(_shared_dir(self.root / ".locks") / f"{key}.lock", self.lock_deadline_s, self.poll_s)
+
+
+@contextlib.contextmanager
+def exclusive_lock(path: Path, deadline_s: float, poll_s: float = 0.2) -> Iterator[None]:
+    """Hold an exclusive flock on `path` (any user may take it), waiting at most deadline_s for
+    another holder; BuildLockTimeout names the holder (host:pid written by it) when it does not let go."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+    with contextlib.suppress(PermissionError):
+        os.fchmod(fd, 0o666)  # umask aside: a worker running as another user must be able to lock it too
+    try:
+        deadline = time.monotonic() + deadline_s
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    holder = os.pread(fd, 128, 0).decode(errors="replace").strip() or "unknown"
+                    raise BuildLockTimeout(f"build lock {path} still held by {holder} after {deadline_s:.0f}s") from None
+                time.sleep(poll_s)
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{socket.gethostname()}:{os.getpid()}".encode(), 0)
+        yield
+    finally:
+        os.close(fd)  # closing releases the flock
 
 
 def compile_ahead(solution: Solution, cache_dir: str | Path, timeout_s: float = 600.0) -> Optional[str]:

@@ -147,7 +147,8 @@ def _nvcc() -> str:
     return found
 
 
-def _cxx() -> str:
+def host_compiler() -> str:
+    """The host C++ compiler: $CXX, else c++ on PATH, else g++."""
     return os.environ.get("CXX") or shutil.which("c++") or "g++"
 
 
@@ -175,7 +176,7 @@ def toolchain_fingerprint(solution: Solution) -> dict[str, str]:
     """Everything besides the sources that changes the artifact (part of the cache key)."""
     binding = solution.spec.binding or "torch"
     fp = {"builder": BUILDER_VERSION, "binding": binding, "nvcc": _tool_version(_nvcc_or_name()),
-          "cxx": _tool_version(_cxx()), "arch": ",".join(cuda_arch())}
+          "cxx": _tool_version(host_compiler()), "arch": ",".join(cuda_arch())}
     if binding == "torch":
         import torch
 
@@ -234,7 +235,7 @@ def _compile_c_abi(sources: list[Path], src: Path, outdir: Path, entry: str, tim
     exports = _exports(outdir, [entry, "fibray_cabi_set_device", "fibray_cabi_last_error"])
     cmd = [_nvcc(), "-shared", "-Xcompiler", "-fPIC", "-O3", "-std=c++17", *gencode_flags(), f"-I{src}",
            *map(str, sources), str(support), "-Xlinker", f"--version-script={exports}", "-o", str(outdir / "lib.so")]
-    _run(cmd, outdir, timeout_s, "nvcc_error")
+    run_compiler(cmd, outdir, timeout_s, "nvcc_error")
     return CudaArtifact(binding="c_abi", mode="full", library="lib.so")
 
 
@@ -273,12 +274,12 @@ def _compile_torch(solution: Solution, sources: list[Path], src: Path, outdir: P
         if source.suffix == ".cu":
             cmd = [_nvcc(), *common, *ce.COMMON_NVCC_FLAGS, *gencode_flags(), "--compiler-options", "-fPIC",
                    "-O3", "-std=c++20", "-c", str(source), "-o", str(obj)]
-            _run(cmd, outdir, timeout_s, "nvcc_error")
+            run_compiler(cmd, outdir, timeout_s, "nvcc_error")
         elif full:
-            _run([_cxx(), *common, "-fPIC", "-O3", "-std=c++20", "-c", str(source), "-o", str(obj)], outdir,
+            run_compiler([host_compiler(), *common, "-fPIC", "-O3", "-std=c++20", "-c", str(source), "-o", str(obj)], outdir,
                  timeout_s, "cxx_error")
         else:  # nothing will be linked: a syntax check finds the errors at a fraction of the cost
-            _run([_cxx(), *common, "-fPIC", "-std=c++20", "-fsyntax-only", str(source)], outdir, timeout_s,
+            run_compiler([host_compiler(), *common, "-fPIC", "-std=c++20", "-fsyntax-only", str(source)], outdir, timeout_s,
                  "cxx_error")
             continue
         objects.append(str(obj))
@@ -289,13 +290,13 @@ def _compile_torch(solution: Solution, sources: list[Path], src: Path, outdir: P
     cuda_libs = [f"-L{home / 'lib64'}", "-lcudart"] if with_cuda and home is not None else []
     library = f"{module}{sysconfig.get_config_var('EXT_SUFFIX') or '.so'}"
     exports = _exports(outdir, [f"PyInit_{module}"])
-    _run([_cxx(), *objects, "-shared", f"-Wl,--version-script={exports}", f"-L{ce.TORCH_LIB_PATH}", *libs, *cuda_libs,
+    run_compiler([host_compiler(), *objects, "-shared", f"-Wl,--version-script={exports}", f"-L{ce.TORCH_LIB_PATH}", *libs, *cuda_libs,
           "-o", str(outdir / library)],
          outdir, timeout_s, "link_error")
     return CudaArtifact(binding="torch", mode="full", library=library, module=module, needs_cuda=with_cuda)
 
 
-def _run(cmd: Sequence[str], cwd: Path, timeout_s: float, reason: str) -> None:
+def run_compiler(cmd: Sequence[str], cwd: Path, timeout_s: float, reason: str) -> None:
     """Run one compiler command in its own process group; BuildError with its output on failure."""
     try:
         proc = subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,

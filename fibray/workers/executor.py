@@ -47,25 +47,21 @@ def main(argv: list[str] | None = None) -> None:
     gc.freeze()
     baseline = torch.cuda.memory_allocated(device) if device.type == "cuda" else 0
     send(conn, Reply(True, {"pid": os.getpid(), "uid": os.getuid()}))
-    keep = None  # the last reply's tensors stay alive until the supervisor asks again (CUDA IPC)
     while True:
         try:
             req: Request = recv(conn, None)
         except ChannelClosed:
             return
-        keep = None
         try:
             if req.op == "build":
                 err = runner.build(req.job)
                 reply = Reply(True) if err is None else Reply(False, error=str(err), status="COMPILE_ERROR", reason=err.reason)
             elif req.op == "trial":
-                keep = runner.trial(req.job, req.trial)
-                reply = Reply(True, keep)
+                reply = Reply(True, runner.trial(req.job, req.trial))
             elif req.op == "time":
                 reply = Reply(True, runner.time(req.job))
             elif req.op == "recheck":
-                keep = runner.recheck(req.job)
-                reply = Reply(True, keep)
+                reply = Reply(True, runner.recheck(req.job))
             elif req.op == "finish":
                 runner.finish(req.job)
                 gc.collect()

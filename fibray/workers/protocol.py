@@ -63,11 +63,16 @@ class _Pickler(pickle.Pickler):
     """Tensors travel as raw bytes beside the pickle (protocol 5 out-of-band buffers): one copy
     to host memory, none in pickling. Any dtype, fp8 included, goes as bytes."""
 
+    def __init__(self, file: io.BytesIO, buffers: list[pickle.PickleBuffer]) -> None:
+        super().__init__(file, protocol=5, buffer_callback=buffers.append)
+        self.keep: list[torch.Tensor] = []
+        """Host copies whose bytes the buffers point at: alive until the message is sent."""
+
     def reducer_override(self, obj: Any):
         if isinstance(obj, torch.Tensor):
             host = obj.detach().to("cpu").contiguous()
             raw = host.reshape(-1).view(torch.uint8)
-            self._keep.append(raw)  # the bytes are read when the message is sent
+            self.keep.append(raw)
             buf = (ctypes.c_char * raw.numel()).from_address(raw.data_ptr()) if raw.numel() else b""
             return _tensor, (pickle.PickleBuffer(buf), str(obj.dtype).removeprefix("torch."), tuple(obj.shape),
                              "cpu" if obj.device.type == "cpu" else str(obj.device))
@@ -78,8 +83,7 @@ def send(conn: Connection, obj: Any) -> None:
     """One message: a header (buffer sizes, then the pickle), then each tensor's bytes."""
     buffers: list[pickle.PickleBuffer] = []
     out = io.BytesIO()
-    pickler = _Pickler(out, protocol=5, buffer_callback=buffers.append)
-    pickler._keep = []
+    pickler = _Pickler(out, buffers)  # a local: its host copies live until every byte is written
     pickler.dump(obj)
     views = [b.raw() for b in buffers]
     header = struct.pack(f"<I{len(views)}Q", len(views), *(v.nbytes for v in views)) + out.getbuffer()

@@ -41,6 +41,10 @@ class ExecutorFault(Exception):
         self.status, self.reason, self.log = status, reason, log
 
 
+_PHASE_OF = {"trial": "trials", "time": "timing"}
+"""run_job's phase for an executor request, where the names differ; the executor's own share goes under it."""
+
+
 class _RemoteCalls:
     """run_job's candidate side, answered by an executor process under deadlines."""
 
@@ -52,7 +56,7 @@ class _RemoteCalls:
         try:
             send(self.ex.conn, req)
             reply: Reply = recv(self.ex.conn, deadline)
-            self.phase.add(reply.spent, prefix=("trials." if req.op == "trial" else f"{req.op}."))
+            self.phase.add(reply.spent, prefix=f"{_PHASE_OF.get(req.op, req.op)}.")
             return reply
         except DeadlineExceeded:
             limit = self.job.settings.build_deadline_s if phase == "build" else self.job.settings.run_deadline_s

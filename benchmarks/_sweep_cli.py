@@ -1,0 +1,35 @@
+"""`python -m fibray.sweep` as its own process, the way a user runs it, for the benchmark scripts."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass
+class SweepRun:
+    wall_s: float
+    """Process start to exit: imports, Ray, slots, every job, shutdown."""
+    summary: str
+    """The `sweep '...': N jobs, ...` line."""
+    breakdown: str
+    """The `time:` line without its prefix: where the slots' time went."""
+
+
+def run_sweep_cli(overrides: list[str], *, log: Path, env: dict[str, str] | None = None,
+                  cwd: Path | None = None) -> SweepRun:
+    """Run a sweep with these Hydra overrides; its whole output goes to `log`. Exits with the
+    output's tail when the sweep fails."""
+    cmd = [sys.executable, "-m", "fibray.sweep", "sweep.progress=false", *overrides]
+    t0 = time.monotonic()
+    proc = subprocess.run(cmd, env=env, cwd=cwd, capture_output=True, text=True)
+    wall = time.monotonic() - t0
+    log.write_text(proc.stdout + proc.stderr)
+    if proc.returncode != 0:
+        raise SystemExit(f"fibray.sweep failed (rc={proc.returncode}); log {log}:\n" + (proc.stdout + proc.stderr)[-3000:])
+    lines = proc.stdout.splitlines()
+    return SweepRun(wall_s=wall, summary=next((ln for ln in lines if ln.startswith("sweep ")), ""),
+                    breakdown=next((ln.removeprefix("time: ") for ln in lines if ln.startswith("time: ")), ""))
