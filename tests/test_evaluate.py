@@ -218,10 +218,13 @@ def test_fp8_inputs_survive_timing_with_revisited_input_sets():
 
 
 @pytest.mark.parametrize("n", [50176, 200704])  # sizes where n * (1/n) < 1 in double precision
-def test_matched_ratio_is_an_exact_count(n):
+def test_matched_ratio_is_an_exact_count(n, monkeypatch):
     """On CUDA mean() multiplies by 1/n: 7 x 7168 outputs all within tolerance came out as
     0.9999999999999999 and failed. The ratio is a count divided by n, exactly 1.0 when all match."""
     from fibray.check.base import error_stats
+
+    # this machine's mean() divides exactly; give it CUDA's rounding, which the ratio must not depend on
+    monkeypatch.setattr(torch.Tensor, "mean", lambda self, *a, **k: self.sum(*a, **k) * (1.0 / self.numel()))
 
     ref = torch.randn(n, dtype=torch.float32)
     _, _, ratio = error_stats(ref.clone(), ref, Tolerance(atol=1e-2, rtol=1e-2))
