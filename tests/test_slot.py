@@ -83,3 +83,32 @@ def test_isolated_jobs_run_in_fresh_processes(slot):
         result = slot.evaluate(job.model_copy(update={"job_id": job.job_id + "-iso"}), "isolated", now_iso())
         assert result.isolation == "isolated" and result.evaluation.status.value == "PASSED"
     assert slot.counters["retired"] == retired + 2
+
+
+_BREAKS_THE_CANARY = '''import torch
+
+
+def run(hidden_states, weight, output):
+    x = hidden_states.float()
+    output.copy_((x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5) * weight.float()).to(output.dtype))
+    torch.Tensor.sum = lambda self, *a, **k: torch.zeros((), device=self.device)  # leaves its process broken
+'''
+
+
+def test_executor_failing_its_health_check_is_retired_before_the_next_job(slot):
+    from fibray.schema import Solution
+
+    job = _jobs()[0]
+    poisoner = Solution.model_validate({
+        "name": "breaks_canary", "definition": "rmsnorm_h4096", "author": "t",
+        "spec": {"language": "python", "target_hardware": ["cpu"], "entry_point": "main.py::run",
+                 "destination_passing_style": True},
+        "sources": [{"path": "main.py", "content": _BREAKS_THE_CANARY}]})
+    standby = slot._ready(slot.standby).pid
+    before = dict(slot.counters)
+    slot.evaluate(job.model_copy(update={"job_id": "breaks-canary", "solution": poisoner}), "auto", now_iso())
+    # the canary's known answer came out wrong: the executor is retired and the standby takes over
+    assert slot.active.pid == standby
+    assert slot.counters["retired"] == before["retired"] + 1 and slot.counters["promotions"] == before["promotions"] + 1
+    after = slot.evaluate(job.model_copy(update={"job_id": "after-canary"}), "auto", now_iso())
+    assert after.evaluation.status.value == "PASSED" and not after.escalated
