@@ -23,6 +23,7 @@ SECRET = "fibray-test-secret-7f3a"
 EXPECTED = json.loads((REPO / "tests" / "fault_expectations.json").read_text())
 CONTROLS = ["rmsnorm_h4096_torch", "rmsnorm_h4096_triton"]
 PROBE = "offender_privilege_probe"
+FORGED_MARK = Path("/tmp/fibray-forged-reply-ran")  # what offender_forged_reply's payload would create
 
 
 def _config(store: Path, workdir: Path, roots: list[str], names: list[str] | None = None):
@@ -36,6 +37,7 @@ def _config(store: Path, workdir: Path, roots: list[str], names: list[str] | Non
 @pytest.fixture(scope="module")
 def sweeps(tmp_path_factory):
     os.environ["FIBRAY_TEST_SECRET_TOKEN"] = SECRET  # set before Ray starts, so every Ray process has it
+    FORGED_MARK.unlink(missing_ok=True)
     listener = socket.socket()
     listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     listener.bind(("127.0.0.1", 47831))
@@ -73,6 +75,15 @@ def test_every_offender_gets_its_status_and_reason(sweeps):
         if reason in FAULT_REASONS:
             assert row["isolation"] == "isolated", name  # escalated, or isolated after an earlier fault
     assert quarantined >= 1, "no solution reached the quarantine"
+
+
+def test_a_forged_reply_is_refused_without_running_its_payload(sweeps):
+    df = sweeps["all"]
+    rows = df.filter(df["solution"] == "offender_forged_reply").to_dicts()
+    assert rows and {(r["status"], r["reason"]) for r in rows} <= {("RUNTIME_ERROR", "bad_message"),
+                                                                  ("RUNTIME_ERROR", "quarantined")}
+    assert any("os.system" in r["log"] or "posix.system" in r["log"] for r in rows), rows[0]["log"][-500:]
+    assert not FORGED_MARK.exists(), "the supervisor unpickled the candidate's payload and ran it"
 
 
 def test_faults_are_escalated_to_fresh_processes(sweeps):

@@ -26,7 +26,7 @@ log = logging.getLogger(__name__)
 
 RemoteGpuSlot = ray.remote(GpuSlot)
 FAULT_REASONS = {"build_timeout", "run_timeout", "crashed", "killed_by_signal", "illegal_memory_access",
-                 "device_assert", "cuda_error", "executor_error", "sandbox_failed"}
+                 "device_assert", "cuda_error", "executor_error", "sandbox_failed", "bad_message"}
 
 
 class WorkerStartError(RuntimeError):

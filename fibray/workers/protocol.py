@@ -1,9 +1,12 @@
 """Messages between a slot supervisor and its executor, over one socket, with deadlines.
 
-Everything travels by value: tensors are copied to host memory, sent as raw bytes beside
-the pickle (no pickling of their contents) and rebuilt on the receiver's device. (CUDA IPC
-handles would avoid the copy, but an executor runs as another user, and IPC mappings
-across users fail on some hosts: seen on the H200 machine.)
+Everything travels by value. A tensor in an executor's reply is copied straight into that
+executor's `Arena` (shared memory the supervisor maps too, pinned for DMA on a GPU) and
+travels as an offset; the supervisor copies it out (onto its device) as it unpickles, before
+it sends its next request, so the executor can reuse the arena. A tensor that does not fit,
+or one on a channel without an arena, travels as raw bytes beside the pickle on the socket.
+(CUDA IPC handles would avoid the host copy, but an executor runs as another user, and IPC
+mappings across users fail on some hosts: seen on the H200 machine.)
 Every receive has a deadline: a silent executor is a hung executor.
 """
 
@@ -11,6 +14,7 @@ from __future__ import annotations
 
 import ctypes
 import io
+import mmap
 import os
 import pickle
 import struct
@@ -24,6 +28,10 @@ import torch
 
 class ChannelClosed(Exception):
     """The executor's end of the channel is gone (it exited or was killed)."""
+
+
+class BadMessage(ChannelClosed):
+    """The executor sent something that is not a well-formed reply (only candidate code does that)."""
 
 
 class DeadlineExceeded(Exception):
@@ -52,21 +60,131 @@ class Reply:
     """Seconds the executor spent per part of the request (inputs, call, checks)."""
 
 
+_ALIGN = 256
+ARENA_BYTES = 2 << 30
+"""Default arena size: address space only; pages cost memory once a reply touches them."""
+_PIN_MIN = 64 << 20
+
+
+class Arena:
+    """A shared memory region (memfd) an executor writes its replies' tensor bytes into and its
+    supervisor reads them from. Each process maps it once; on a GPU each pins (registers for
+    DMA) the part replies have used so far, grown in powers of two, so copies run at full speed."""
+
+    def __init__(self, fd: int, size: int) -> None:
+        self.fd, self.size = fd, size
+        self.map = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        self.bytes = torch.frombuffer(self.map, dtype=torch.uint8)
+        self.used = 0
+        self._pinned = 0
+        self._can_pin = True
+
+    @classmethod
+    def create(cls, size: int = ARENA_BYTES) -> "Arena":
+        fd = os.memfd_create("fibray-arena", 0)  # inheritable: the executor gets it through pass_fds
+        os.ftruncate(fd, size)
+        return cls(fd, size)
+
+    def take(self, nbytes: int) -> Optional[int]:
+        """Offset of nbytes of room in this message, or None if the arena is full."""
+        off = -(-self.used // _ALIGN) * _ALIGN
+        if off + nbytes > self.size:
+            return None
+        self.used = off + nbytes
+        return off
+
+    def view(self, off: int, nbytes: int) -> torch.Tensor:
+        return self.bytes[off:off + nbytes]
+
+    def pin(self, end: int) -> None:
+        """Register [0, end) (rounded up) with CUDA, if this process uses CUDA; pageable if refused."""
+        if end <= self._pinned or not self._can_pin or not torch.cuda.is_available() or not torch.cuda.is_initialized():
+            return
+        cudart = torch.cuda.cudart()
+        size = min(self.size, max(_PIN_MIN, 1 << (end - 1).bit_length()))
+        ptr = self.bytes.data_ptr()
+        if self._pinned:
+            cudart.cudaHostUnregister(ptr)
+            self._pinned = 0
+        if int(cudart.cudaHostRegister(ptr, size, 1)) != 0:  # 1: portable
+            self._can_pin = False
+            _clear_cuda_error()
+            return
+        self._pinned = size
+
+    def close(self) -> None:
+        if self._pinned:
+            torch.cuda.cudart().cudaHostUnregister(self.bytes.data_ptr())
+            self._pinned = 0
+        del self.bytes
+        try:
+            self.map.close()
+        except BufferError:  # a tensor still views it: the mapping goes with the last one
+            pass
+        os.close(self.fd)
+
+
+def _clear_cuda_error() -> None:
+    """A refused registration leaves CUDA's last-error set, and torch would raise it at the next
+    kernel launch check: read it off through the runtime library torch loaded."""
+    try:
+        with open("/proc/self/maps") as f:
+            path = next((line.split()[-1] for line in f if "libcudart.so" in line), None)
+        if path:
+            ctypes.CDLL(path).cudaGetLastError()
+    except OSError:
+        pass
+
+
+def _dtype(name: str) -> torch.dtype:
+    dtype = getattr(torch, name, None) if isinstance(name, str) else None
+    if not isinstance(dtype, torch.dtype):
+        raise pickle.UnpicklingError(f"not a tensor dtype: {name!r}")
+    return dtype
+
+
+def _receive(host: torch.Tensor, device: str) -> torch.Tensor:
+    """The receiver's own copy: on its device when it has one (the tensor's device is a CUDA one)."""
+    if device != "cpu" and torch.cuda.is_available():
+        return host.to(device)
+    return host.clone()
+
+
 def _tensor(raw: memoryview, dtype: str, shape: tuple[int, ...], device: str) -> torch.Tensor:
     """Rebuild a tensor from its bytes (received out of band) on the receiver's side."""
     flat = torch.frombuffer(raw, dtype=torch.uint8) if len(raw) else torch.empty(0, dtype=torch.uint8)
-    host = flat.view(getattr(torch, dtype)).reshape(shape)
+    host = flat.view(_dtype(dtype)).reshape(shape)
     return host.to(device) if device != "cpu" and torch.cuda.is_available() else host
 
 
-class _Pickler(pickle.Pickler):
-    """Tensors travel as raw bytes beside the pickle (protocol 5 out-of-band buffers): one copy
-    to host memory, none in pickling. Any dtype, fp8 included, goes as bytes."""
+def _describe(t: torch.Tensor) -> tuple[str, tuple[int, ...], str]:
+    return str(t.dtype).removeprefix("torch."), tuple(t.shape), "cpu" if t.device.type == "cpu" else str(t.device)
 
-    def __init__(self, file: io.BytesIO, buffers: list[pickle.PickleBuffer]) -> None:
+
+class _Pickler(pickle.Pickler):
+    """Tensors go into the sender's arena when it has one and room (travelling as an offset),
+    else as raw bytes beside the pickle (protocol 5 out-of-band buffers). Either way their
+    contents are never pickled; any dtype, fp8 included, goes as bytes."""
+
+    def __init__(self, file: io.BytesIO, buffers: list[pickle.PickleBuffer], arena: Optional[Arena]) -> None:
         super().__init__(file, protocol=5, buffer_callback=buffers.append)
+        self.arena = arena
         self.keep: list[torch.Tensor] = []
         """Host copies whose bytes the buffers point at: alive until the message is sent."""
+
+    def persistent_id(self, obj: Any):
+        if self.arena is None or not isinstance(obj, torch.Tensor):
+            return None
+        src = obj.detach()
+        nbytes = src.numel() * src.element_size()
+        off = self.arena.take(nbytes)
+        if off is None:
+            return None  # too big for what is left: the socket carries it
+        if nbytes:
+            if src.device.type == "cuda":
+                self.arena.pin(off + nbytes)
+            self.arena.view(off, nbytes).copy_(src.contiguous().reshape(-1).view(torch.uint8))
+        return ("arena", off, nbytes, *_describe(src))
 
     def reducer_override(self, obj: Any):
         if isinstance(obj, torch.Tensor):
@@ -74,16 +192,50 @@ class _Pickler(pickle.Pickler):
             raw = host.reshape(-1).view(torch.uint8)
             self.keep.append(raw)
             buf = (ctypes.c_char * raw.numel()).from_address(raw.data_ptr()) if raw.numel() else b""
-            return _tensor, (pickle.PickleBuffer(buf), str(obj.dtype).removeprefix("torch."), tuple(obj.shape),
-                             "cpu" if obj.device.type == "cpu" else str(obj.device))
+            return _tensor, (pickle.PickleBuffer(buf), *_describe(obj))
         return NotImplemented
 
 
-def send(conn: Connection, obj: Any) -> None:
-    """One message: a header (buffer sizes, then the pickle), then each tensor's bytes."""
+_TRUSTED_GLOBALS = {
+    ("fibray.workers.protocol", "Reply"), ("fibray.workers.protocol", "_tensor"),
+    ("fibray.candidate", "TrialOutput"), ("fibray.candidate", "CandidateFailure"),
+    ("fibray.timing.timer", "Timing"),
+}
+"""All an executor's reply may name. The executor runs candidate code, which can send anything
+down the channel: unpickling any other global in the supervisor would run the candidate's code there."""
+
+
+class _Unpickler(pickle.Unpickler):
+    def __init__(self, data: memoryview, buffers: list, arena: Optional[Arena], trusted: bool) -> None:
+        super().__init__(io.BytesIO(data), buffers=buffers)
+        self.arena, self.trusted = arena, trusted
+
+    def find_class(self, module: str, name: str) -> Any:
+        if self.trusted or (module, name) in _TRUSTED_GLOBALS:
+            return super().find_class(module, name)
+        raise pickle.UnpicklingError(f"an executor's message names {module}.{name}, which a reply never holds")
+
+    def persistent_load(self, pid: Any) -> torch.Tensor:
+        arena = self.arena
+        try:
+            kind, off, nbytes, dtype, shape, device = pid
+            shape = tuple(int(d) for d in shape)
+        except (TypeError, ValueError):
+            raise pickle.UnpicklingError(f"malformed tensor reference {pid!r}") from None
+        if kind != "arena" or arena is None or not (0 <= off and 0 <= nbytes and off + nbytes <= arena.size):
+            raise pickle.UnpicklingError(f"tensor reference outside this channel's arena: {pid!r}")
+        if device != "cpu":
+            arena.pin(off + nbytes)
+        return _receive(arena.view(off, nbytes).view(_dtype(dtype)).reshape(shape), device)
+
+
+def send(conn: Connection, obj: Any, arena: Optional[Arena] = None) -> None:
+    """One message: a header (buffer sizes, then the pickle), then each tensor's bytes that are not in `arena`."""
     buffers: list[pickle.PickleBuffer] = []
     out = io.BytesIO()
-    pickler = _Pickler(out, buffers)  # a local: its host copies live until every byte is written
+    if arena is not None:
+        arena.used = 0  # the receiver copied the previous message out before it sent the request this answers
+    pickler = _Pickler(out, buffers, arena)  # a local: its host copies live until every byte is written
     pickler.dump(obj)
     views = [b.raw() for b in buffers]
     header = struct.pack(f"<I{len(views)}Q", len(views), *(v.nbytes for v in views)) + out.getbuffer()
@@ -110,19 +262,29 @@ def _read_into(conn: Connection, buf: bytearray, deadline: Optional[float]) -> N
         view = view[n:]
 
 
-def recv(conn: Connection, deadline: Optional[float]) -> Any:
-    """Receive one message before `deadline` (time.monotonic); None means wait forever (executor side only)."""
+_MAX_OUT_OF_BAND = 64 << 30
+
+
+def recv(conn: Connection, deadline: Optional[float], arena: Optional[Arena] = None, trusted: bool = False) -> Any:
+    """Receive one message before `deadline` (time.monotonic); None means wait forever (executor side only).
+    `arena`: the channel's shared memory, for tensors sent through it. Only `trusted` (the executor,
+    hearing from its supervisor) unpickles any class; the supervisor takes only what a reply holds."""
     try:
         if deadline is not None and not conn.poll(max(0.0, deadline - time.monotonic())):
             raise DeadlineExceeded()
         header = conn.recv_bytes()
         (n,) = struct.unpack_from("<I", header)
         sizes = struct.unpack_from(f"<{n}Q", header, 4)
+        if sum(sizes) > _MAX_OUT_OF_BAND:
+            raise ChannelClosed(f"a message announced {sum(sizes)} bytes of tensors")
         buffers = []
         for size in sizes:
             buf = bytearray(size)
             _read_into(conn, buf, deadline)
             buffers.append(buf)
-    except (EOFError, ConnectionResetError, OSError) as e:
+    except (EOFError, ConnectionResetError, OSError, struct.error) as e:
         raise ChannelClosed(str(e) or "end of channel") from None
-    return pickle.loads(memoryview(header)[4 + 8 * n:], buffers=buffers)
+    try:
+        return _Unpickler(memoryview(header)[4 + 8 * n:], buffers, arena, trusted).load()
+    except Exception as e:  # whatever a forged message makes unpickling raise
+        raise BadMessage(f"{type(e).__name__}: {e}") from None

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Optional
 
 import fibray
+from fibray.workers.protocol import ARENA_BYTES, Arena
 
 _ENV_ALLOW = {
     "PATH", "LANG", "LC_ALL", "LC_CTYPE", "TERM", "LD_LIBRARY_PATH", "CUDA_HOME", "CUDA_PATH",
@@ -54,6 +55,7 @@ class SandboxPolicy:
     isolate_network: bool = True
     drop_privileges: bool = True
     build_cache: Optional[str] = None               # shared compiled-artifact cache (CUDA/C++)
+    arena_bytes: int = ARENA_BYTES                  # shared memory for replies' tensors (0: the socket carries them)
 
 
 def scrubbed_env(extra: dict[str, str]) -> dict[str, str]:
@@ -119,6 +121,8 @@ class Executor:
     started: float = field(default_factory=time.monotonic)
     ready: bool = False
     info: dict = field(default_factory=dict)
+    arena: Optional[Arena] = None
+    """Shared memory the executor writes its replies' tensors into."""
     _tail: deque = field(default_factory=lambda: deque(maxlen=256))
     _tail_bytes: list = field(default_factory=lambda: [0])
 
@@ -175,16 +179,25 @@ def spawn(device: str, base_dir: Path, policy: SandboxPolicy, single_use: bool, 
         env["TRITON_INTERPRET"] = "1"
         env.setdefault("OMP_NUM_THREADS", "1")
     limits = policy if device == "cpu" else SandboxPolicy(**{**policy.__dict__, "memory_limit_bytes": None})
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "fibray.workers.executor", "--fd", str(theirs.fileno()), "--device", device,
-         "--workdir", str(workdir)],
-        env=env, cwd=workdir, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-        pass_fds=(theirs.fileno(),), start_new_session=True,
-        preexec_fn=lambda: _preexec(limits, uid, netns),
-    )
-    theirs.close()
+    arena = Arena.create(policy.arena_bytes) if policy.arena_bytes else None
+    argv = [sys.executable, "-m", "fibray.workers.executor", "--fd", str(theirs.fileno()), "--device", device,
+            "--workdir", str(workdir)]
+    if arena is not None:
+        argv += ["--arena-fd", str(arena.fd), "--arena-bytes", str(arena.size)]
+    try:
+        proc = subprocess.Popen(
+            argv, env=env, cwd=workdir, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            pass_fds=(theirs.fileno(), *([arena.fd] if arena else [])), start_new_session=True,
+            preexec_fn=lambda: _preexec(limits, uid, netns),
+        )
+    except BaseException:
+        if arena is not None:
+            arena.close()
+        raise
+    finally:
+        theirs.close()
     ex = Executor(proc=proc, conn=Connection(ours.detach()), workdir=workdir, single_use=single_use,
-                  network_isolated=netns, privileges_dropped=uid is not None)
+                  network_isolated=netns, privileges_dropped=uid is not None, arena=arena)
     threading.Thread(target=_drain, args=(ex,), daemon=True).start()
     return ex
 
@@ -293,6 +306,9 @@ def retire(ex: Executor, wait_s: float = 5.0) -> None:
     except subprocess.TimeoutExpired:
         pass
     ex.conn.close()
+    if ex.arena is not None:
+        ex.arena.close()
+        ex.arena = None
     import shutil
 
     shutil.rmtree(ex.workdir, ignore_errors=True)

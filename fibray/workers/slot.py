@@ -25,7 +25,7 @@ from fibray.phases import Phases
 from fibray.schema import Evaluation, EvaluationStatus, Job, JobResult
 from fibray.timing import Timing
 from fibray.workers import sandbox
-from fibray.workers.protocol import ChannelClosed, DeadlineExceeded, Reply, Request, recv, send
+from fibray.workers.protocol import BadMessage, ChannelClosed, DeadlineExceeded, Reply, Request, recv, send
 
 Status = EvaluationStatus
 _READY_DEADLINE_S = 180.0
@@ -55,13 +55,16 @@ class _RemoteCalls:
     def _ask(self, req: Request, deadline: float, phase: str) -> Reply:
         try:
             send(self.ex.conn, req)
-            reply: Reply = recv(self.ex.conn, deadline)
+            reply: Reply = recv(self.ex.conn, deadline, self.ex.arena)
             self.phase.add(reply.spent, prefix=f"{_PHASE_OF.get(req.op, req.op)}.")
             return reply
         except DeadlineExceeded:
             limit = self.job.settings.build_deadline_s if phase == "build" else self.job.settings.run_deadline_s
             raise ExecutorFault(Status.TIMEOUT, f"{phase}_timeout",
                                 f"{phase} did not finish within its deadline of {limit}s; executor killed") from None
+        except BadMessage as e:
+            raise ExecutorFault(Status.RUNTIME_ERROR, "bad_message",
+                                f"the executor's reply during {phase} was not a well-formed reply ({e}); executor killed") from None
         except ChannelClosed:
             try:
                 self.ex.proc.wait(timeout=5)
@@ -146,7 +149,7 @@ class GpuSlot:
     def _ready(self, ex: sandbox.Executor, deadline_s: float = _READY_DEADLINE_S) -> sandbox.Executor:
         if not ex.ready:
             try:
-                reply = recv(ex.conn, time.monotonic() + deadline_s)
+                reply = recv(ex.conn, time.monotonic() + deadline_s, ex.arena)
             except (DeadlineExceeded, ChannelClosed) as e:
                 sandbox.retire(ex)
                 raise RuntimeError(f"executor failed to start ({type(e).__name__}): {ex.output_tail()[-2000:]}") from None
@@ -178,7 +181,7 @@ class GpuSlot:
     def _healthy(self, ex: sandbox.Executor) -> bool:
         try:
             send(ex.conn, Request("health"))
-            reply = recv(ex.conn, time.monotonic() + _HEALTH_DEADLINE_S)
+            reply = recv(ex.conn, time.monotonic() + _HEALTH_DEADLINE_S, ex.arena)
         except (DeadlineExceeded, ChannelClosed):
             return False
         h = reply.value if reply.ok else None
@@ -254,7 +257,7 @@ class GpuSlot:
         try:
             with phase("finish"):
                 send(ex.conn, Request("finish", job))
-                recv(ex.conn, time.monotonic() + _HEALTH_DEADLINE_S)
+                recv(ex.conn, time.monotonic() + _HEALTH_DEADLINE_S, ex.arena)
         except (ChannelClosed, DeadlineExceeded):
             pass  # the health check that follows retires it
         return evaluation, None

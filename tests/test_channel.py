@@ -1,0 +1,144 @@
+"""The executor channel: tensors through the shared-memory arena (or the socket when they do
+not fit) arrive exact, and a forged message is refused without running anything."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import socket
+import struct
+import threading
+import time
+from multiprocessing.connection import Connection
+
+import pytest
+import torch
+
+from fibray.candidate import CandidateFailure, TrialOutput
+from fibray.timing import Timing
+from fibray.workers.protocol import Arena, BadMessage, Reply, recv, send
+
+
+@pytest.fixture()
+def channel():
+    a, b = socket.socketpair()
+    ours, theirs = Connection(a.detach()), Connection(b.detach())
+    yield ours, theirs
+    ours.close()
+    theirs.close()
+
+
+def _tensors() -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(0)
+    big = torch.randn(1 << 20, generator=g).to(torch.bfloat16)
+    return [
+        big,
+        torch.randn(6, 10, generator=g)[:, 1:7:2],          # non-contiguous
+        torch.randn(257, generator=g).to(torch.float8_e4m3fn),
+        torch.tensor(3.5),                                   # 0-dim
+        torch.empty(0, 4),
+        torch.rand(33, generator=g) > 0.5,                    # bool
+        torch.arange(7, dtype=torch.int64),
+    ]
+
+
+def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.dtype == b.dtype and a.shape == b.shape and torch.equal(a.contiguous().view(-1).view(torch.uint8),
+                                                                      b.contiguous().view(-1).view(torch.uint8))
+
+
+def _exchange(channel, arena_size: int, rounds: int = 3):
+    ours, theirs = channel
+    mine = Arena.create(arena_size)
+    executors = Arena(mine.fd, mine.size)  # the executor's own mapping of the same memory
+    sent = _tensors()
+    received = []
+
+    def executor():
+        for i in range(rounds):
+            send(theirs, Reply(True, TrialOutput(outputs=[t + i if t.dtype in (torch.bfloat16, torch.int64) else t
+                                                          for t in sent])), executors)
+
+    t = threading.Thread(target=executor)
+    t.start()
+    for _ in range(rounds):
+        received.append(recv(ours, time.monotonic() + 30, mine).value.outputs)
+    t.join()
+    return sent, received, executors
+
+
+def test_arena_round_trip_is_exact_for_every_kind_of_tensor(channel):
+    sent, received, executors = _exchange(channel, 64 << 20)
+    assert executors.used > (1 << 21)  # the bf16 megabyte-pair went through shared memory
+    for i, outs in enumerate(received):  # each message reuses the arena; earlier ones were copied out
+        expect = [t + i if t.dtype in (torch.bfloat16, torch.int64) else t for t in sent]
+        assert all(_same(a, b) for a, b in zip(outs, expect))
+        assert all(o.data_ptr() < executors.bytes.data_ptr() or o.data_ptr() >= executors.bytes.data_ptr() + executors.size
+                   for o in outs if o.numel()), "a received tensor still points into the arena"
+    assert _same(received[0][0], sent[0]) and not _same(received[1][0], sent[0])
+
+
+def test_a_reply_too_big_for_the_arena_goes_over_the_socket(channel):
+    sent, received, executors = _exchange(channel, 1 << 20, rounds=1)  # the 2 MB tensor does not fit
+    assert all(_same(a, b) for a, b in zip(received[0], sent))
+
+
+def test_other_reply_types_travel(channel):
+    ours, theirs = channel
+    send(theirs, Reply(False, TrialOutput(failure=CandidateFailure("RUNTIME_ERROR", "exception", "log")), error="e"))
+    r = recv(ours, time.monotonic() + 5)
+    assert r.value.failure.reason == "exception" and r.error == "e"
+    send(theirs, Reply(True, Timing([0.5, 0.25], "stream_events", 0.01)))
+    assert recv(ours, time.monotonic() + 5).value.samples_ms == [0.5, 0.25]
+
+
+class _Payload:
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.path}",))
+
+
+def _forge(conn: Connection, body: bytes) -> None:
+    msg = struct.pack("<I", 0) + body
+    os.write(conn.fileno(), struct.pack("!i", len(msg)) + msg)
+
+
+def test_a_forged_message_is_refused_without_running_it(channel, tmp_path):
+    ours, theirs = channel
+    mark = tmp_path / "ran"
+    _forge(theirs, pickle.dumps(_Payload(str(mark)), protocol=5))
+    with pytest.raises(BadMessage, match="system"):
+        recv(ours, time.monotonic() + 5)
+    assert not mark.exists()
+    _forge(theirs, pickle.dumps(Reply(True, _Payload(str(mark))), protocol=5))  # nested in a real reply
+    with pytest.raises(BadMessage):
+        recv(ours, time.monotonic() + 5)
+    assert not mark.exists()
+
+
+def test_a_tensor_reference_outside_the_arena_is_refused(channel):
+    ours, theirs = channel
+    arena = Arena.create(1 << 20)
+
+    class _Ref(pickle.Pickler):
+        def persistent_id(self, obj):
+            return ("arena", (1 << 20) - 8, 64, "float32", (16,), "cpu") if isinstance(obj, torch.Tensor) else None
+
+    import io
+
+    buf = io.BytesIO()
+    _Ref(buf, protocol=5).dump(Reply(True, TrialOutput(outputs=[torch.zeros(16)])))
+    _forge(theirs, buf.getvalue())
+    with pytest.raises(BadMessage, match="outside"):
+        recv(ours, time.monotonic() + 5, arena)
+    arena.close()
+
+
+def test_the_executor_side_takes_its_supervisors_requests(channel):
+    from fibray.workers.protocol import Request
+
+    ours, theirs = channel
+    send(ours, Request("health"))
+    assert recv(theirs, None, trusted=True).op == "health"
