@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import time
@@ -17,6 +18,12 @@ class SweepRun:
     """The `sweep '...': N jobs, ...` line."""
     breakdown: str
     """The `time:` line without its prefix: where the slots' time went."""
+    setup_s: float = 0.0
+    """Dataset, Ray, compiling ahead (from the `time:` line)."""
+    start_s: float = 0.0
+    """Slots starting, until the first job was sent."""
+    window_s: float = 0.0
+    """First job sent to last result."""
 
 
 def run_sweep_cli(overrides: list[str], *, log: Path, env: dict[str, str] | None = None,
@@ -31,5 +38,8 @@ def run_sweep_cli(overrides: list[str], *, log: Path, env: dict[str, str] | None
     if proc.returncode != 0:
         raise SystemExit(f"fibray.sweep failed (rc={proc.returncode}); log {log}:\n" + (proc.stdout + proc.stderr)[-3000:])
     lines = proc.stdout.splitlines()
+    breakdown = next((ln.removeprefix("time: ") for ln in lines if ln.startswith("time: ")), "")
+    m = re.match(r"setup ([\d.]+)s, slot start-up ([\d.]+)s; jobs: \d+ slot\(s\) x (?:\d+ lane\(s\) x )?([\d.]+)s", breakdown)
+    setup, start, window = (float(g) for g in m.groups()) if m else (0.0, 0.0, 0.0)
     return SweepRun(wall_s=wall, summary=next((ln for ln in lines if ln.startswith("sweep ")), ""),
-                    breakdown=next((ln.removeprefix("time: ") for ln in lines if ln.startswith("time: ")), ""))
+                    breakdown=breakdown, setup_s=setup, start_s=start, window_s=window)

@@ -2,6 +2,7 @@
 
     python benchmarks/vs_flashinfer_bench.py [--dataset datasets/core --workload-set gpu
         --solutions solutions] [--warmup 10 --iterations 50 --trials 3] [--work DIR]
+        [--workloads-per-definition N] [--fibray-override runner.lanes=2 ...]
 
 Both tools get one FlashInfer Trace folder, written here from a fibray dataset (definitions,
 the workloads of one set, solutions): flashinfer-bench through `TraceSet.from_path` and its
@@ -11,6 +12,9 @@ its own empty Triton cache; wall time counts from process start to exit (imports
 compilation and every evaluation). Baseline: flashinfer-bench. Prints wall time, evaluations
 per second, the ratio, whether the two agree on every (solution, workload) status, the
 median ratio of their latencies where both passed, and fibray's breakdown of where its time went.
+`--workloads-per-definition N` makes the dataset larger, as a sweep of many input shapes is: each
+definition gets N workloads, its own plus new ones whose variable axes are drawn log-uniformly
+between the smallest and largest values its workloads have (random inputs only; fixed seed).
 flashinfer-bench's runner needs CUDA; `--only fibray` runs fibray's half on any machine.
 """
 
@@ -33,9 +37,39 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 # -- the shared dataset ----------------------------------------------------------------------
+def more_workloads(name: str, workloads: list[dict], n: int, seed: int = 0) -> list[dict]:
+    """`workloads` (JSON dicts) plus new ones up to n: variable axes drawn log-uniformly within the
+    range the given workloads span, inputs as the first one's (only random/scalar inputs)."""
+    import math
+    import random
+    import uuid
+
+    if len(workloads) >= n or not workloads:
+        return workloads[:n] if workloads else workloads
+    kinds = {spec.get("type") for w in workloads for spec in w["inputs"].values()}
+    if not kinds <= {"random", "scalar"}:
+        raise SystemExit(f"--workloads-per-definition: {name} has {sorted(kinds - {'random', 'scalar'})} inputs; "
+                         "only definitions with random or scalar inputs can get new workloads")
+    rng = random.Random(f"{seed}:{name}")
+    ranges = {a: (min(w["axes"][a] for w in workloads), max(w["axes"][a] for w in workloads)) for a in workloads[0]["axes"]}
+    seen = {tuple(sorted(w["axes"].items())) for w in workloads}
+    out = list(workloads)
+    for _ in range(100 * n):
+        if len(out) >= n:
+            break
+        axes = {a: round(math.exp(rng.uniform(math.log(lo), math.log(hi)))) for a, (lo, hi) in ranges.items()}
+        key = tuple(sorted(axes.items()))
+        if key in seen:
+            continue
+        seen.add(key)
+        out.append({**workloads[0], "axes": axes, "uuid": str(uuid.uuid5(uuid.NAMESPACE_URL, f"fibray-bench/{name}/{key}"))})
+    return out
+
+
 def prepare_dataset(dataset: Path, workload_set: str | None, solution_roots: list[Path], out: Path,
                     definitions: list[str] | None = None, solutions: list[str] | None = None,
-                    languages: tuple[str, ...] = ("python", "triton")) -> dict[str, int]:
+                    languages: tuple[str, ...] = ("python", "triton"), workloads_per_definition: int | None = None,
+                    ) -> dict[str, int]:
     """Write a FlashInfer Trace folder (definitions/, workloads/, solutions/, blobs) that both tools load.
 
     Files are written as fibray's loader validated them, so both tools see the same contracts.
@@ -53,8 +87,10 @@ def prepare_dataset(dataset: Path, workload_set: str | None, solution_roots: lis
         (out / "definitions" / op).mkdir(parents=True, exist_ok=True)
         (out / "definitions" / op / f"{name}.json").write_text(json.dumps(d.to_json_dict(), indent=1))
         counts["definitions"] += 1
-        rows = [{"definition": name, "solution": None, "workload": w.to_json_dict(), "evaluation": None}
-                for w in ds.workloads.get(name, [])]
+        workloads = [w.to_json_dict() for w in ds.workloads.get(name, [])]
+        if workloads_per_definition:
+            workloads = more_workloads(name, workloads, workloads_per_definition)
+        rows = [{"definition": name, "solution": None, "workload": w, "evaluation": None} for w in workloads]
         (out / "workloads" / op).mkdir(parents=True, exist_ok=True)
         (out / "workloads" / op / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
         counts["workloads"] += len(rows)
@@ -110,22 +146,26 @@ def run_flashinfer_bench(data: Path, work: Path, args: argparse.Namespace) -> di
                          + (proc.stdout + proc.stderr)[-3000:])
     res = json.loads(out.read_text())
     res["wall_s"] = wall
+    res["after_setup_s"] = res["run_s"]
     return res
 
 
-def run_fibray(data: Path, work: Path, args: argparse.Namespace) -> dict[str, Any]:
+def run_fibray(data: Path, work: Path, args: argparse.Namespace, lanes: int) -> dict[str, Any]:
     from fibray.store import TraceStore
 
-    store = work / "fibray-store"
-    shutil.rmtree(store, ignore_errors=True)
+    store = work / f"fibray-store-{lanes}"
+    cache = work / f"fibray-triton-cache-{lanes}"
+    for d in (store, cache):
+        shutil.rmtree(d, ignore_errors=True)
     run = run_sweep_cli(
         [f"dataset.root={data}", "solutions.roots=[]", f"store.root={store}", "sweep.name=vs_flashinfer_bench",
          f"eval.warmup={args.warmup}", f"eval.iterations={args.iterations}", f"eval.trials={args.trials}",
-         f"eval.atol={args.atol}", f"eval.rtol={args.rtol}", *args.fibray_override],
-        log=work / "fibray.log", env={**os.environ, "TRITON_CACHE_DIR": str(work / "fibray-triton-cache")}, cwd=work)
+         f"eval.atol={args.atol}", f"eval.rtol={args.rtol}", f"runner.lanes={lanes}", *args.fibray_override],
+        log=work / f"fibray-{lanes}.log", env={**os.environ, "TRITON_CACHE_DIR": str(cache)}, cwd=work)
     rows = TraceStore(store).read(sweep="vs_flashinfer_bench",
                                   columns=["solution", "workload_uuid", "status", "latency_ms"]).to_pylist()
-    return {"rows": rows, "wall_s": run.wall_s, "breakdown": run.breakdown, "summary": run.summary}
+    return {"rows": rows, "wall_s": run.wall_s, "breakdown": run.breakdown, "summary": run.summary,
+            "after_setup_s": run.start_s + run.window_s, "window_s": run.window_s}
 
 
 def _settings_argv(args: argparse.Namespace) -> list[str]:
@@ -174,9 +214,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--trials", type=int, default=3)
     ap.add_argument("--atol", type=float, default=1e-2)
     ap.add_argument("--rtol", type=float, default=1e-2)
+    ap.add_argument("--workloads-per-definition", type=int, default=None,
+                    help="grow (or cut) each definition's workloads to this many; new ones get new axis values")
     ap.add_argument("--languages", nargs="+", default=["python", "triton"], help="solution languages to compare")
     ap.add_argument("--work", type=Path, default=Path("/tmp/fibray-vs-fib"))
     ap.add_argument("--only", choices=("fibray", "flashinfer-bench"), default=None)
+    ap.add_argument("--lanes", type=int, nargs="+", default=[1], help="fibray runs, one per runner.lanes value")
     ap.add_argument("--fibray-override", nargs="*", default=[], help="extra fibray.sweep overrides (key=value)")
     ap.add_argument("--fib-child", type=Path, help=argparse.SUPPRESS)
     ap.add_argument("--fib-out", type=Path, help=argparse.SUPPRESS)
@@ -188,7 +231,7 @@ def main(argv: list[str] | None = None) -> None:
     work.mkdir(parents=True, exist_ok=True)
     data = work / "dataset"
     counts = prepare_dataset(args.dataset, args.workload_set, args.solutions, data, definitions=args.definitions,
-                             languages=tuple(args.languages))
+                             languages=tuple(args.languages), workloads_per_definition=args.workloads_per_definition)
     print(_versions())
     print(f"dataset {args.dataset} (workload set {args.workload_set}): {counts['definitions']} definitions, "
           f"{counts['workloads']} workloads, {counts['solutions']} solutions; warm-up {args.warmup}, "
@@ -197,30 +240,45 @@ def main(argv: list[str] | None = None) -> None:
     if args.only in (None, "flashinfer-bench"):
         res["flashinfer-bench"] = run_flashinfer_bench(data, work, args)
     if args.only in (None, "fibray"):
-        res["fibray"] = run_fibray(data, work, args)
-    print(f"\n{'tool':<18}{'evals':>7}{'wall_s':>9}{'eval/s':>9}")
+        for lanes in args.lanes:
+            res[f"fibray lanes={lanes}"] = run_fibray(data, work, args, lanes)
+    print(f"\n{'tool':<18}{'evals':>7}{'wall_s':>9}{'eval/s':>9}{'after_setup_s':>15}{'eval/s':>9}")
     for name, r in res.items():
         n = len(r["rows"])
-        print(f"{name:<18}{n:>7}{r['wall_s']:>9.1f}{n / r['wall_s']:>9.2f}")
-    if "fibray" in res:
-        print(f"fibray: {res['fibray']['summary']}\nfibray time: {res['fibray']['breakdown']}")
+        after = r["after_setup_s"]
+        print(f"{name:<18}{n:>7}{r['wall_s']:>9.1f}{n / r['wall_s']:>9.2f}{after:>15.1f}{n / after:>9.2f}")
+    print("(after setup: flashinfer-bench's Benchmark.run_all, which starts its runner; fibray's slot start-up "
+          "and jobs, without dataset loading and Ray's start)")
+    for name, r in res.items():
+        if name.startswith("fibray"):
+            print(f"{name}: {r['summary']}\n{name} time: {r['breakdown']}")
+    runs = [name for name in res if name.startswith("fibray")]
+    for name in runs[1:]:  # lanes must not change what is measured
+        c = compare(res[name]["rows"], res[runs[0]]["rows"])
+        r = c["latency_ratios"]
+        print(f"{name} vs {runs[0]}: statuses {c['pairs'] - len(c['disagree'])}/{c['pairs']} agree; latency ratio "
+              f"median {statistics.median(r) if r else float('nan'):.3f} over {len(r)} pairs")
     if "flashinfer-bench" in res:
         f = res["flashinfer-bench"]
         print(f"flashinfer-bench: import+load {f['load_s']:.1f}s, Benchmark.run_all {f['run_s']:.1f}s")
-    if len(res) == 2:
-        a, b = res["fibray"], res["flashinfer-bench"]
-        print(f"\nratio fibray / flashinfer-bench (eval/s; baseline flashinfer-bench): "
-              f"{(len(a['rows']) / a['wall_s']) / (len(b['rows']) / b['wall_s']):.2f}x")
-        c = compare(a["rows"], b["rows"])
-        agree = c["pairs"] - len(c["disagree"])
-        print(f"statuses: {agree}/{c['pairs']} (solution, workload) pairs agree; "
-              f"only in fibray {len(c['only_fibray'])}, only in flashinfer-bench {len(c['only_fib'])}")
-        for (sol, uuid), ours, theirs in c["disagree"]:
-            print(f"  disagree: {sol} {uuid[:8]}: fibray {ours}, flashinfer-bench {theirs}")
-        if c["latency_ratios"]:
-            q = statistics.quantiles(c["latency_ratios"], n=4) if len(c["latency_ratios"]) > 1 else c["latency_ratios"] * 3
-            print(f"latency fibray / flashinfer-bench where both PASSED ({len(c['latency_ratios'])} pairs): "
-                  f"median {statistics.median(c['latency_ratios']):.3f}, quartiles {q[0]:.3f}-{q[2]:.3f}")
+        for name in runs:
+            _report_pair(name, res[name], f)
+
+
+def _report_pair(name: str, a: dict, b: dict) -> None:
+    rate = lambda r, s: len(r["rows"]) / r[s]  # noqa: E731
+    print(f"\n{name} / flashinfer-bench (eval/s; baseline flashinfer-bench): end to end "
+          f"{rate(a, 'wall_s') / rate(b, 'wall_s'):.2f}x, after setup {rate(a, 'after_setup_s') / rate(b, 'after_setup_s'):.2f}x")
+    c = compare(a["rows"], b["rows"])
+    agree = c["pairs"] - len(c["disagree"])
+    print(f"statuses: {agree}/{c['pairs']} (solution, workload) pairs agree; "
+          f"only in fibray {len(c['only_fibray'])}, only in flashinfer-bench {len(c['only_fib'])}")
+    for (sol, uuid), ours, theirs in c["disagree"]:
+        print(f"  disagree: {sol} {uuid[:8]}: fibray {ours}, flashinfer-bench {theirs}")
+    if c["latency_ratios"]:
+        q = statistics.quantiles(c["latency_ratios"], n=4) if len(c["latency_ratios"]) > 1 else c["latency_ratios"] * 3
+        print(f"latency fibray / flashinfer-bench where both PASSED ({len(c['latency_ratios'])} pairs): "
+              f"median {statistics.median(c['latency_ratios']):.3f}, quartiles {q[0]:.3f}-{q[2]:.3f}")
 
 
 if __name__ == "__main__":

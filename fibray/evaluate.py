@@ -10,9 +10,11 @@ candidate's failure becomes an Evaluation with a status and a reason.
 from __future__ import annotations
 
 import platform
+import threading
 from collections import OrderedDict
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Optional
 
@@ -26,14 +28,10 @@ from fibray.inputs import BlobCache, InputError, clone_args, materialize, torch_
 from fibray.schema import (
     Correctness, Definition, Environment, EvalSettings, Evaluation, EvaluationStatus, Job, Performance,
 )
-from fibray.phases import Phases
+from fibray.phases import Phases, now_iso
 from fibray.timing import LatencyStats, Timing, time_calls
 
 Status = EvaluationStatus
-
-
-def now_iso() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="microseconds")
 
 
 def bound_log(text: str, limit: int) -> str:
@@ -80,6 +78,9 @@ class Judge:
         self._refs: dict[str, Any] = {}
         self._workloads: OrderedDict[tuple, _WorkloadState] = OrderedDict()
         self._cache_bytes = cache_bytes
+        self._lock = threading.Lock()
+        self._building: dict[tuple, threading.Lock] = {}
+        """One lock per workload being materialised: lanes on the same workload build it once."""
 
     # -- verdict helpers -------------------------------------------------------------------
     def fail(self, status: Status | str, reason: str, log: str, s: EvalSettings, metrics: Optional[CheckResult] = None) -> Evaluation:
@@ -105,11 +106,29 @@ class Judge:
         """Inputs and reference outputs of the job's workload (cached per workload). Raises InputError."""
         s = job.settings
         key = (job.definition.name, hash(job.definition.reference), job.workload.uuid, s.seed, s.trials, job.dataset_root)
-        state = self._workloads.get(key)
-        if state is not None:
-            self._workloads.move_to_end(key)
-            return state
-        ref = self._reference(job.definition)
+        with self._lock:
+            state = self._workloads.get(key)
+            if state is not None:
+                self._workloads.move_to_end(key)
+                return state
+            building = self._building.setdefault(key, threading.Lock())
+        with building:
+            with self._lock:
+                state = self._workloads.get(key)
+            if state is None:
+                state = self._materialise(job)
+                with self._lock:
+                    self._workloads[key] = state
+                    while len(self._workloads) > 1 and sum(w.nbytes for w in self._workloads.values()) > self._cache_bytes:
+                        self._workloads.popitem(last=False)
+            with self._lock:
+                self._building.pop(key, None)
+        return state
+
+    def _materialise(self, job: Job) -> _WorkloadState:
+        s = job.settings
+        with self._lock:
+            ref = self._reference(job.definition)
         inputs, refs = [], []
         for trial in range(s.trials + 1):
             args = materialize(job.definition, job.workload, root=Path(job.dataset_root), seed=s.seed, trial=trial,
@@ -120,11 +139,7 @@ class Judge:
                          for o, spec in zip(out, job.definition.outputs.values())])
             inputs.append(args)
         nbytes = sum(t.numel() * t.element_size() for g in (*inputs, *refs) for t in g if isinstance(t, torch.Tensor))
-        state = _WorkloadState(inputs=inputs, refs=refs, nbytes=nbytes)
-        self._workloads[key] = state
-        while len(self._workloads) > 1 and sum(w.nbytes for w in self._workloads.values()) > self._cache_bytes:
-            self._workloads.popitem(last=False)
-        return state
+        return _WorkloadState(inputs=inputs, refs=refs, nbytes=nbytes)
 
     def tolerance(self, job: Job) -> tuple[Tolerance, str]:
         c, s = job.definition.check, job.settings
@@ -194,42 +209,53 @@ class Evaluator:
             self.runner.finish(job)
 
 
-def run_job(job: Job, judge: Judge, calls, phases: Optional[Phases] = None) -> Evaluation:
+class _OwnGpu:
+    """The GPU lock of a process that runs one job at a time: never waits."""
+
+    @contextmanager
+    def hold(self, phase: Phases, name: str, exclusive: bool = False) -> Iterator[None]:
+        with phase(name):
+            yield
+
+
+def run_job(job: Job, judge: Judge, calls, phases: Optional[Phases] = None, gpu=None) -> Evaluation:
     """The evaluation protocol, against any candidate side with build/trial/time/recheck
-    (a CandidateRunner in this process, or a slot's channel to an executor)."""
+    (a CandidateRunner in this process, or a slot's channel to an executor). `gpu` (a slot's
+    GpuLock) lets jobs share the GPU except while one of them is timed."""
     s = job.settings
     phase = phases if phases is not None else Phases()  # build, inputs_reference, trials, check, timing, ...
-    with phase("build"):
+    gpu = gpu if gpu is not None else _OwnGpu()
+    with gpu.hold(phase, "build"):
         err = calls.build(job)
     if err is not None:
         return judge.fail(Status.COMPILE_ERROR, getattr(err, "reason", "build_failed"), str(err), s)
     try:
-        with phase("inputs_reference"):
+        with gpu.hold(phase, "inputs_reference"):
             state = judge.state(job)
     except InputError as e:
         return judge.fail(Status.RUNTIME_ERROR, "bad_workload_input", str(e), s)
     verdict = CheckResult()
     for trial in range(s.trials):
-        with phase("trials"):
+        with gpu.hold(phase, "trials"):
             out = calls.trial(job, trial)
-        with phase("check"):
+        with gpu.hold(phase, "check"):
             verdict.merge(judge.check(job, state, trial, out))
         if not verdict.ok:
             return judge.failed(job, verdict)
     try:
-        with phase("timing"):
+        with gpu.hold(phase, "timing", exclusive=True):
             timing = calls.time(job)
     except Exception as e:  # the candidate failed when called again and again
         from fibray.candidate import classify_exception
 
         status, reason = classify_exception(e)
         return judge.fail(status, "failed_during_timing" if reason == "exception" else reason, repr(e), s)
-    with phase("recheck"):
+    with gpu.hold(phase, "recheck"):
         again = judge.check(job, state, s.trials, calls.recheck(job))
     if not again.ok:
         if again.reason == "tolerance_exceeded":
             again.reason = "stale_output"
             again.message = "a call on new values in a reused buffer returned a wrong answer: " + again.message
         return judge.failed(job, again)
-    with phase("reference_timing"):
+    with gpu.hold(phase, "reference_timing", exclusive=True):
         return judge.passed(job, state, verdict, timing)

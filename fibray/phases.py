@@ -5,6 +5,12 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from datetime import datetime, timezone
+
+
+def now_iso() -> str:
+    """Now, UTC, ISO 8601 with microseconds (the timestamps of records)."""
+    return datetime.now(timezone.utc).isoformat(timespec="microseconds")
 
 
 class Phases(dict):

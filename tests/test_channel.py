@@ -16,7 +16,7 @@ import torch
 
 from fibray.candidate import CandidateFailure, TrialOutput
 from fibray.timing import Timing
-from fibray.workers.protocol import Arena, BadMessage, Reply, recv, send
+from fibray.workers.protocol import Arena, BadMessage, Reply, Request, recv, send
 
 
 @pytest.fixture()
@@ -54,14 +54,16 @@ def _exchange(channel, arena_size: int, rounds: int = 3):
     sent = _tensors()
     received = []
 
-    def executor():
+    def executor():  # as the real one: a reply answers a request (sent once the last reply was copied out)
         for i in range(rounds):
+            recv(theirs, None, trusted=True)
             send(theirs, Reply(True, TrialOutput(outputs=[t + i if t.dtype in (torch.bfloat16, torch.int64) else t
                                                           for t in sent])), executors)
 
     t = threading.Thread(target=executor)
     t.start()
-    for _ in range(rounds):
+    for i in range(rounds):
+        send(ours, Request("trial", trial=i))
         received.append(recv(ours, time.monotonic() + 30, mine).value.outputs)
     t.join()
     return sent, received, executors
@@ -137,8 +139,6 @@ def test_a_tensor_reference_outside_the_arena_is_refused(channel):
 
 
 def test_the_executor_side_takes_its_supervisors_requests(channel):
-    from fibray.workers.protocol import Request
-
     ours, theirs = channel
     send(ours, Request("health"))
     assert recv(theirs, None, trusted=True).op == "health"

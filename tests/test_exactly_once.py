@@ -74,7 +74,7 @@ def _slot_pids() -> list[int]:
     pids = []
     for pid in descendants(os.getpid()):
         try:
-            if b"ray::GpuSlot" in Path(f"/proc/{pid}/cmdline").read_bytes():
+            if b"ray::SlotActor" in Path(f"/proc/{pid}/cmdline").read_bytes():
                 pids.append(pid)
         except OSError:
             pass

@@ -59,11 +59,11 @@ def _worker_pid(worker: str) -> int:
 
 
 def _slot_pids_under(raylet_pid: int) -> set[int]:
-    """GpuSlot actor processes started by one node's raylet (all nodes share this host)."""
+    """Slot actor processes (SlotActor) started by one node's raylet (all nodes share this host)."""
     pids = set()
     for child in psutil.Process(raylet_pid).children(recursive=True):
         try:
-            if "GpuSlot" in " ".join(child.cmdline()):
+            if "SlotActor" in " ".join(child.cmdline()):
                 pids.add(child.pid)
         except psutil.NoSuchProcess:
             pass

@@ -48,3 +48,29 @@ def test_compare_counts_agreement_and_latency_ratios() -> None:
     assert c["disagree"] == [(("a", "w2"), "INCORRECT_NUMERICAL", "PASSED")]
     assert c["only_fibray"] == [("c", "w1")] and c["only_fib"] == []
     assert sorted(c["latency_ratios"]) == [0.5, 1.5]
+
+
+def test_a_larger_dataset_gets_new_shapes_within_the_range_and_loads_in_both_tools(tmp_path: Path) -> None:
+    from flashinfer_bench.data import TraceSet
+
+    from fibray.dataset import load_dataset
+
+    counts = prepare_dataset(REPO / "datasets" / "core", "gpu", [REPO / "solutions"], tmp_path / "data",
+                             definitions=["gemm_n128_k2048", "rmsnorm_h4096"], workloads_per_definition=12)
+    assert counts["workloads"] == 24
+    ts = TraceSet.from_path(str(tmp_path / "data"))
+    ours = load_dataset(tmp_path / "data")
+    given = load_dataset(REPO / "datasets" / "core", definitions=["gemm_n128_k2048"], workload_set="gpu")
+    for name, axis in (("gemm_n128_k2048", "M"), ("rmsnorm_h4096", "batch_size")):
+        ws = ours.workloads[name]
+        assert len(ws) == len(ts.workloads[name]) == 12
+        assert len({w.uuid for w in ws}) == 12 and len({w.axes[axis] for w in ws}) == 12
+        if name == "gemm_n128_k2048":
+            values = [w.axes["M"] for w in given.workloads[name]]
+            assert {w.uuid for w in given.workloads[name]} <= {w.uuid for w in ws}  # its own are kept
+            assert all(min(values) <= w.axes["M"] <= max(values) for w in ws)
+    again = prepare_dataset(REPO / "datasets" / "core", "gpu", [REPO / "solutions"], tmp_path / "again",
+                            definitions=["gemm_n128_k2048"], workloads_per_definition=12)
+    assert again["workloads"] == 12
+    assert (tmp_path / "again" / "workloads" / "gemm" / "gemm_n128_k2048.jsonl").read_text() == \
+        (tmp_path / "data" / "workloads" / "gemm" / "gemm_n128_k2048.jsonl").read_text()  # same seed, same shapes

@@ -69,6 +69,9 @@ class RunnerConfig(_Strict):
     """Keep a warm standby executor per GPU that takes over at once."""
     spare_isolated: int = Field(default=1, ge=0)
     """Pre-warmed single-use executors per GPU for fresh-process isolation."""
+    lanes: int = Field(default=1, ge=1, le=16)
+    """Jobs in flight per GPU, each on its own executor: their builds, trials and checks overlap on the
+    GPU; timing (the candidate's and the reference's) always has the GPU to itself."""
     workdir: Optional[str] = None
     """Where slots create private executor directories; null: the system temp dir."""
     isolate_network: bool = True

@@ -81,6 +81,8 @@ class SweepReport:
     files: list[Path] = field(default_factory=list)
     slot_stats: list[dict] = field(default_factory=list)
     slots: int = 0
+    lanes: int = 1
+    """Jobs in flight per slot."""
     setup_s: float = 0.0
     """Loading the dataset, starting Ray and compiling ahead, before the first job."""
     start_s: float = 0.0
@@ -92,7 +94,7 @@ class SweepReport:
 
     def time_breakdown(self) -> str:
         """Where the slots' time went: job phases, and the rest (slot start-up, dispatch, idle)."""
-        capacity = self.slots * self.run_s
+        capacity = self.slots * self.lanes * self.run_s
         if capacity <= 0:
             return "no jobs ran"
         parts = sorted(((k, v) for k, v in self.phases.items() if "." not in k), key=lambda kv: -kv[1])
@@ -104,8 +106,9 @@ class SweepReport:
             within = f" [{', '.join(f'{n} {s:.2f}s' for n, s in inner)}]" if inner else ""
             cells.append(f"{k} {v:.2f}s ({100 * v / capacity:.0f}%){within}")
         cells.append(f"dispatch/idle {rest:.2f}s ({100 * rest / capacity:.0f}%)")
-        return (f"setup {self.setup_s:.1f}s, slot start-up {self.start_s:.1f}s; jobs: {self.slots} slot(s) x "
-                f"{self.run_s:.1f}s = {capacity:.1f} slot-s: " + ", ".join(cells))
+        lanes = f"{self.lanes} lane(s) x " if self.lanes > 1 else ""
+        return (f"setup {self.setup_s:.1f}s, slot start-up {self.start_s:.1f}s; jobs: {self.slots} slot(s) x {lanes}"
+                f"{self.run_s:.1f}s = {capacity:.1f} {'lane' if self.lanes > 1 else 'slot'}-s: " + ", ".join(cells))
 
 
 class _Recorder:
@@ -145,9 +148,9 @@ def _init_ray(cfg: SweepConfig) -> tuple[int, bool]:
     elif address:
         ray.init(address=address, log_to_driver=cfg.cluster.log_to_driver)
     else:
-        import torch
+        from fibray.workers.actor import visible_gpu_count
 
-        real = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        real = visible_gpu_count()  # not torch: importing it here would delay Ray's start by seconds
         if real and cfg.cluster.num_gpus and cfg.cluster.num_gpus > real:
             raise ConfigError(f"cluster.num_gpus: {cfg.cluster.num_gpus} requested but this machine has {real} GPU(s)")
         gpus = (cfg.cluster.num_gpus or real) if real else (cfg.cluster.num_gpus or 2)
@@ -217,7 +220,7 @@ def run_sweep(cfg: SweepConfig) -> SweepReport:
         pool = WorkerPool(PoolOptions(
             num_slots=slots, torch_threads=max(1, cpus // slots), start_deadline_s=cfg.cluster.start_deadline_s,
             isolation=r.isolation, quarantine_after=r.quarantine_after, max_attempts=r.max_attempts,
-            standby=r.standby, spare_isolated=r.spare_isolated, workdir=r.workdir,
+            standby=r.standby, spare_isolated=r.spare_isolated, lanes=r.lanes, workdir=r.workdir,
             sandbox={"isolate_network": r.isolate_network, "drop_privileges": r.drop_privileges,
                      "memory_limit_bytes": int(r.memory_limit_gb * (1 << 30)) if r.memory_limit_gb else None,
                      "max_open_files": r.max_open_files, "max_processes": r.max_processes,
@@ -232,7 +235,7 @@ def run_sweep(cfg: SweepConfig) -> SweepReport:
                 for name, seconds in result.phases.items():
                     report.phases[name] = report.phases.get(name, 0.0) + seconds
 
-        report.slots, report.setup_s = slots, time.monotonic() - t0
+        report.slots, report.lanes, report.setup_s = slots, r.lanes, time.monotonic() - t0
         try:
             pool.run(todo, on_result)
             first = pool.first_dispatch if pool.first_dispatch is not None else time.monotonic()

@@ -24,6 +24,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--arena-bytes", type=int, default=0)
     args = parser.parse_args(argv)
     conn = Connection(args.fd)
+    from fibray.workers.sandbox import become_subreaper
+
+    become_subreaper()  # a candidate's orphans stay below this process, where its job is charged for them
 
     import torch
 

@@ -1,7 +1,7 @@
 """GPU slots and the scheduling loop that keeps them busy, with deadlines on every wait.
 
-One slot (a Ray actor owning one GPU) runs one job at a time; its supervisor escalates
-faulty jobs to fresh processes itself. Here, on the driver: a solution that faulted runs
+One slot (a Ray actor owning one GPU) runs up to `lanes` jobs at a time (timing stays
+exclusive on its GPU); its supervisor escalates faulty jobs to fresh processes itself. Here, on the driver: a solution that faulted runs
 isolated for the rest of the sweep and is quarantined after K faults (each remaining job
 still gets a record); a slot that dies or stops answering is replaced and its job re-run
 (the store, not this loop, guarantees a job is recorded once). Jobs are grouped by
@@ -20,11 +20,12 @@ import ray
 from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 
 from fibray.schema import Environment, Evaluation, EvaluationStatus, Job, JobResult
-from fibray.workers.slot import GpuSlot
+from fibray.phases import now_iso
+from fibray.workers.actor import SlotActor
 
 log = logging.getLogger(__name__)
 
-RemoteGpuSlot = ray.remote(GpuSlot)
+RemoteSlot = ray.remote(SlotActor)
 FAULT_REASONS = {"build_timeout", "run_timeout", "crashed", "killed_by_signal", "illegal_memory_access",
                  "device_assert", "cuda_error", "executor_error", "sandbox_failed", "bad_message"}
 
@@ -34,8 +35,6 @@ class WorkerStartError(RuntimeError):
 
 
 def _now() -> str:
-    from fibray.evaluate import now_iso
-
     return now_iso()
 
 
@@ -55,7 +54,17 @@ class PoolOptions:
     max_attempts: int = 3            # re-runs of a job whose slot was lost
     standby: bool = True
     spare_isolated: int = 1
+    lanes: int = 1                   # jobs in flight per slot
     sandbox: dict = field(default_factory=dict)
+
+
+@dataclass
+class Flight:
+    """A job sent to a slot and not yet answered."""
+
+    job: Job
+    started_at: str
+    deadline: float
 
 
 @dataclass
@@ -66,11 +75,10 @@ class Slot:
     actor: Any = None
     generation: int = 0
     info: Optional[dict] = None
-    phase: Optional[str] = None  # start | run | None (idle) | dead
-    ref: Any = None
-    deadline: float = 0.0
-    job: Optional[Job] = None
-    started_at: str = ""
+    phase: Optional[str] = None  # start | ready | dead
+    start_ref: Any = None
+    start_deadline: float = 0.0
+    inflight: dict = field(default_factory=dict)  # ObjectRef -> Flight
     group: Any = None
 
 
@@ -90,12 +98,13 @@ class WorkerPool:
     # -- slots -----------------------------------------------------------------------------
     def _spawn(self, slot: Slot) -> None:
         slot.generation += 1
-        slot.actor = RemoteGpuSlot.options(
+        slot.actor = RemoteSlot.options(
             num_gpus=self.opt.num_gpus_per_slot, num_cpus=self.opt.num_cpus_per_slot, max_restarts=0,
+            max_concurrency=self.opt.lanes + 1,  # its lanes' jobs, and a stats or shutdown call beside them
         ).remote(f"gpu{slot.index}.{slot.generation}", self.opt.sandbox, self.opt.workdir, self.opt.torch_threads,
-                 self.opt.standby, self.opt.spare_isolated if self.opt.isolation != "persistent" else 0)
-        slot.phase, slot.ref, slot.job = "start", slot.actor.info.remote(), None
-        slot.deadline = time.monotonic() + self.opt.start_deadline_s
+                 self.opt.standby, self.opt.spare_isolated if self.opt.isolation != "persistent" else 0, self.opt.lanes)
+        slot.phase, slot.start_ref, slot.inflight = "start", slot.actor.info.remote(), {}
+        slot.start_deadline = time.monotonic() + self.opt.start_deadline_s
 
     def _replace(self, slot: Slot) -> None:
         if slot.actor is not None:
@@ -111,7 +120,7 @@ class WorkerPool:
     def shutdown(self) -> None:
         # a slot still starting is only killed: its shutdown would queue behind a start that may never
         # come (no node can place it), and its executors die with it (PDEATHSIG)
-        refs = [s.actor.shutdown.remote() for s in self.slots if s.actor is not None and s.phase not in ("dead", "start")]
+        refs = [s.actor.shutdown.remote() for s in self.slots if s.actor is not None and s.phase == "ready"]
         try:
             ray.wait(refs, num_returns=len(refs), timeout=30)
         finally:
@@ -121,7 +130,7 @@ class WorkerPool:
                     slot.actor = None
 
     def slot_stats(self) -> list[dict]:
-        live = [s for s in self.slots if s.actor is not None and s.phase not in ("dead", "start")]
+        live = [s for s in self.slots if s.actor is not None and s.phase == "ready"]
         return ray.get([s.actor.stats.remote() for s in live], timeout=30) if live else []
 
     # -- scheduling ------------------------------------------------------------------------
@@ -133,30 +142,39 @@ class WorkerPool:
             groups.setdefault(group_of(job), deque()).append(job)
         if not any(s.actor for s in self.slots):
             self.start()
-        while groups or any(s.phase == "run" for s in self.slots):
+        while groups or any(s.inflight for s in self.slots):
             for slot in self.slots:
-                while slot.phase is None and groups:
+                while slot.phase == "ready" and len(slot.inflight) < self.opt.lanes and groups:
                     job = self._next_job(slot, groups)
                     if job.solution.hash in self.quarantined:
                         on_result(job, self._quarantine_verdict(slot, job))
                         continue
                     self._dispatch(slot, job)
-            refs = {s.ref: s for s in self.slots if s.ref is not None}
-            if not refs:
+            waits = {s.start_ref: (s, None) for s in self.slots if s.phase == "start"}
+            waits.update({ref: (s, ref) for s in self.slots for ref in s.inflight})
+            if not waits:
                 if groups and all(s.phase == "dead" for s in self.slots):
                     raise WorkerStartError("no worker slot could be started; see the log for each slot's error")
                 continue
-            timeout = max(0.01, min(min(s.deadline for s in refs.values()) - time.monotonic(), self.opt.poll_s))
-            ready, _ = ray.wait(list(refs), num_returns=1, timeout=timeout)
+            deadlines = [s.start_deadline for s in self.slots if s.phase == "start"]
+            deadlines += [f.deadline for s in self.slots for f in s.inflight.values()]
+            timeout = max(0.01, min(min(deadlines) - time.monotonic(), self.opt.poll_s))
+            ready, _ = ray.wait(list(waits), num_returns=1, timeout=timeout)
             for ref in ready:
-                self._complete(refs[ref], on_result, groups)
+                slot, flight_ref = waits[ref]
+                if flight_ref is None:
+                    self._started(slot)
+                elif flight_ref in slot.inflight:  # not already requeued with the rest of a lost slot
+                    self._complete(slot, flight_ref, on_result, groups)
             now = time.monotonic()
             for slot in self.slots:
-                if slot.ref is not None and now > slot.deadline:
-                    self._expire(slot, groups)
+                if slot.phase == "start" and now > slot.start_deadline:
+                    self._start_failed(slot, f"not ready within {self.opt.start_deadline_s}s")
+                elif any(now > f.deadline for f in slot.inflight.values()):
+                    self._lose(slot, groups, "supervisor did not answer within its deadline")
 
     def _next_job(self, slot: Slot, groups: OrderedDict[Any, deque[Job]]) -> Job:
-        busy = {s.group for s in self.slots if s is not slot and s.phase == "run"}
+        busy = {s.group for s in self.slots if s is not slot and s.inflight}
         key = slot.group if slot.group in groups else next((k for k in groups if k not in busy), None)
         if key is None:
             key = max(groups, key=lambda k: len(groups[k]))
@@ -176,12 +194,15 @@ class WorkerPool:
         mode = self._mode(job)
         s = job.settings
         budget = s.build_deadline_s + s.run_deadline_s
-        slot.job, slot.started_at, slot.phase = job, _now(), "run"
         if self.first_dispatch is None:
             self.first_dispatch = time.monotonic()
-        slot.ref = slot.actor.evaluate.remote(job, mode, slot.started_at)
+        started_at = _now()
+        ref = slot.actor.evaluate.remote(job, mode, started_at)
         # the supervisor enforces the real deadlines; this one only catches a supervisor that hangs
-        slot.deadline = time.monotonic() + (2 * budget if mode == "auto" else budget) + self.opt.start_deadline_s
+        # (a job may first wait for the other lanes' timings)
+        wait = budget * self.opt.lanes if self.opt.lanes > 1 else 0.0
+        slot.inflight[ref] = Flight(job, started_at, time.monotonic() + (2 * budget if mode == "auto" else budget)
+                                    + wait + self.opt.start_deadline_s)
 
     def _requeue(self, job: Job, groups, why: str, slot: Slot, on_result=None) -> None:
         if job.attempt >= self.opt.max_attempts:
@@ -195,33 +216,38 @@ class WorkerPool:
         self.counters["requeued"] += 1
         log.warning("slot gpu%d lost (%s); job %s requeued (attempt %d)", slot.index, why, job.job_id[:12], retry.attempt)
 
-    def _complete(self, slot: Slot, on_result, groups) -> None:
-        phase, job, ref = slot.phase, slot.job, slot.ref
-        slot.ref = None
+    def _lose(self, slot: Slot, groups, why: str, on_result=None) -> None:
+        """The slot's actor died or hangs: every job in flight on it runs again elsewhere; a new actor takes the GPU."""
+        flights, slot.inflight = list(slot.inflight.values()), {}
+        for f in flights:
+            self._requeue(f.job, groups, why, slot, on_result)
+        self._replace(slot)
+
+    def _started(self, slot: Slot) -> None:
+        ref, slot.start_ref = slot.start_ref, None
         try:
             value = ray.get(ref, timeout=10)
         except GetTimeoutError:
-            slot.ref = ref
+            slot.start_ref = ref
+            return
+        except (RayActorError, RayTaskError) as e:
+            self._start_failed(slot, f"actor died while starting: {e}" if isinstance(e, RayActorError) else str(e))
+            return
+        slot.info, slot.phase = value, "ready"
+        log.info("slot %s ready on %s (network isolated: %s, unprivileged: %s)", value["name"], value["device"],
+                 value["network_isolated"], value["privileges_dropped"])
+
+    def _complete(self, slot: Slot, ref: Any, on_result, groups) -> None:
+        try:
+            value = ray.get(ref, timeout=10)
+        except GetTimeoutError:
             return
         except RayActorError as e:
-            if phase == "start":
-                self._start_failed(slot, f"actor died while starting: {e}")
-                return
-            self._requeue(job, groups, f"actor died: {type(e).__name__}", slot, on_result)
-            slot.phase, slot.job = None, None
-            self._replace(slot)
+            self._lose(slot, groups, f"actor died: {type(e).__name__}", on_result)
             return
         except RayTaskError as e:
-            if phase == "start":
-                self._start_failed(slot, str(e))
-                return
             raise RuntimeError(f"slot gpu{slot.index} raised during a job (a fibray bug): {e}") from e
-        if phase == "start":
-            slot.info, slot.phase = value, None
-            log.info("slot %s ready on %s (network isolated: %s, unprivileged: %s)", value["name"], value["device"],
-                     value["network_isolated"], value["privileges_dropped"])
-            return
-        slot.phase, slot.job = None, None
+        job = slot.inflight.pop(ref).job
         self._account(job, value)
         on_result(job, value)
 
@@ -239,16 +265,7 @@ class WorkerPool:
         log.error("slot gpu%d could not start: %s", slot.index, why)
         if slot.actor is not None:
             ray.kill(slot.actor, no_restart=True)
-        slot.actor, slot.phase, slot.ref = None, "dead", None
-
-    def _expire(self, slot: Slot, groups) -> None:
-        if slot.phase == "start":
-            self._start_failed(slot, f"not ready within {self.opt.start_deadline_s}s")
-            return
-        job = slot.job
-        slot.ref, slot.phase, slot.job = None, None, None
-        self._requeue(job, groups, "supervisor did not answer within its deadline", slot)
-        self._replace(slot)
+        slot.actor, slot.phase, slot.start_ref = None, "dead", None
 
     def _quarantine_verdict(self, slot: Slot, job: Job) -> JobResult:
         status = self.quarantined[job.solution.hash]

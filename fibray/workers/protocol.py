@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import ctypes
 import io
-import mmap
 import os
 import pickle
 import struct
@@ -25,6 +24,9 @@ from typing import Any, Optional
 
 import torch
 
+from fibray.workers.arena import ARENA_BYTES, Arena
+
+__all__ = ["ARENA_BYTES", "Arena", "BadMessage", "ChannelClosed", "DeadlineExceeded", "Reply", "Request", "recv", "send"]
 
 class ChannelClosed(Exception):
     """The executor's end of the channel is gone (it exited or was killed)."""
@@ -58,82 +60,6 @@ class Reply:
     reason: str = ""
     spent: dict = field(default_factory=dict)
     """Seconds the executor spent per part of the request (inputs, call, checks)."""
-
-
-_ALIGN = 256
-ARENA_BYTES = 2 << 30
-"""Default arena size: address space only; pages cost memory once a reply touches them."""
-_PIN_MIN = 64 << 20
-
-
-class Arena:
-    """A shared memory region (memfd) an executor writes its replies' tensor bytes into and its
-    supervisor reads them from. Each process maps it once; on a GPU each pins (registers for
-    DMA) the part replies have used so far, grown in powers of two, so copies run at full speed."""
-
-    def __init__(self, fd: int, size: int) -> None:
-        self.fd, self.size = fd, size
-        self.map = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
-        self.bytes = torch.frombuffer(self.map, dtype=torch.uint8)
-        self.used = 0
-        self._pinned = 0
-        self._can_pin = True
-
-    @classmethod
-    def create(cls, size: int = ARENA_BYTES) -> "Arena":
-        fd = os.memfd_create("fibray-arena", 0)  # inheritable: the executor gets it through pass_fds
-        os.ftruncate(fd, size)
-        return cls(fd, size)
-
-    def take(self, nbytes: int) -> Optional[int]:
-        """Offset of nbytes of room in this message, or None if the arena is full."""
-        off = -(-self.used // _ALIGN) * _ALIGN
-        if off + nbytes > self.size:
-            return None
-        self.used = off + nbytes
-        return off
-
-    def view(self, off: int, nbytes: int) -> torch.Tensor:
-        return self.bytes[off:off + nbytes]
-
-    def pin(self, end: int) -> None:
-        """Register [0, end) (rounded up) with CUDA, if this process uses CUDA; pageable if refused."""
-        if end <= self._pinned or not self._can_pin or not torch.cuda.is_available() or not torch.cuda.is_initialized():
-            return
-        cudart = torch.cuda.cudart()
-        size = min(self.size, max(_PIN_MIN, 1 << (end - 1).bit_length()))
-        ptr = self.bytes.data_ptr()
-        if self._pinned:
-            cudart.cudaHostUnregister(ptr)
-            self._pinned = 0
-        if int(cudart.cudaHostRegister(ptr, size, 1)) != 0:  # 1: portable
-            self._can_pin = False
-            _clear_cuda_error()
-            return
-        self._pinned = size
-
-    def close(self) -> None:
-        if self._pinned:
-            torch.cuda.cudart().cudaHostUnregister(self.bytes.data_ptr())
-            self._pinned = 0
-        del self.bytes
-        try:
-            self.map.close()
-        except BufferError:  # a tensor still views it: the mapping goes with the last one
-            pass
-        os.close(self.fd)
-
-
-def _clear_cuda_error() -> None:
-    """A refused registration leaves CUDA's last-error set, and torch would raise it at the next
-    kernel launch check: read it off through the runtime library torch loaded."""
-    try:
-        with open("/proc/self/maps") as f:
-            path = next((line.split()[-1] for line in f if "libcudart.so" in line), None)
-        if path:
-            ctypes.CDLL(path).cudaGetLastError()
-    except OSError:
-        pass
 
 
 def _dtype(name: str) -> torch.dtype:

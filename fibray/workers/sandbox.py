@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Optional
 
 import fibray
-from fibray.workers.protocol import ARENA_BYTES, Arena
+from fibray.workers.arena import ARENA_BYTES, Arena
 
 _ENV_ALLOW = {
     "PATH", "LANG", "LC_ALL", "LC_CTYPE", "TERM", "LD_LIBRARY_PATH", "CUDA_HOME", "CUDA_PATH",
@@ -245,6 +245,18 @@ def descendants(pid: int) -> list[int]:
         for child in children.get(todo.pop(), []):
             out.append(child)
             todo.append(child)
+    return out
+
+
+def live_descendants(pid: int) -> list[int]:
+    """descendants(pid) that have not exited (an exited one waits as a zombie for its parent to collect it)."""
+    out = []
+    for p in descendants(pid):
+        try:
+            if _stat(p)[1] != "Z":
+                out.append(p)
+        except (OSError, ValueError, IndexError):
+            continue
     return out
 
 

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import os
 import socket
-import tempfile
+import threading
 import time
-from pathlib import Path
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Optional
 
 import torch
@@ -25,6 +26,7 @@ from fibray.phases import Phases
 from fibray.schema import Evaluation, EvaluationStatus, Job, JobResult
 from fibray.timing import Timing
 from fibray.workers import sandbox
+from fibray.workers.actor import SlotStart
 from fibray.workers.protocol import BadMessage, ChannelClosed, DeadlineExceeded, Reply, Request, recv, send
 
 Status = EvaluationStatus
@@ -114,37 +116,106 @@ class _CandidateTimingError(Exception):
         self.status, self.reason, self.log = status, reason, log
 
 
+class GpuLock:
+    """Who may use the GPU: jobs' correctness work shares it, timing has it alone.
+
+    A slot with several lanes runs several jobs at once; their builds, trials and checks may
+    overlap on the GPU, but a timed section (the candidate's or the reference's) waits until
+    no other work is on it and keeps new work off until it is done. A waiting timer goes
+    before new shared work, so timings are never starved.
+    """
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._shared = 0
+        self._exclusive = False
+        self._waiting = 0
+
+    def acquire(self, exclusive: bool) -> None:
+        with self._cond:
+            if exclusive:
+                self._waiting += 1
+                while self._exclusive or self._shared:
+                    self._cond.wait()
+                self._waiting -= 1
+                self._exclusive = True
+            else:
+                while self._exclusive or self._waiting:
+                    self._cond.wait()
+                self._shared += 1
+
+    def release(self, exclusive: bool) -> None:
+        with self._cond:
+            if exclusive:
+                self._exclusive = False
+            else:
+                self._shared -= 1
+            self._cond.notify_all()
+
+    @contextmanager
+    def hold(self, phase: Phases, name: str, exclusive: bool = False) -> Iterator[None]:
+        """Wait for the GPU (the wait is phase `gpu_wait`), then run phase `name` on it."""
+        with phase("gpu_wait"):
+            self.acquire(exclusive)
+        try:
+            with phase(name):
+                yield
+        finally:
+            self.release(exclusive)
+
+
 class GpuSlot:
-    """Supervises executors on the GPU Ray gave this actor (or the CPU, for a logical GPU)."""
+    """Supervises executors on the GPU Ray gave this actor (or the CPU, for a logical GPU).
+
+    `lanes` jobs may run at once (a threaded Ray actor), each on its own persistent executor;
+    one warm standby replaces whichever of them dies, and the GPU lock keeps timing exclusive.
+    """
 
     def __init__(self, name: str, policy: Optional[dict] = None, workdir: Optional[str] = None,
-                 torch_threads: Optional[int] = None, standby: bool = True, spare_isolated: int = 1) -> None:
+                 torch_threads: Optional[int] = None, standby: bool = True, spare_isolated: int = 1,
+                 lanes: int = 1, start: Optional[SlotStart] = None) -> None:
+        if lanes < 1:
+            raise ValueError(f"lanes must be at least 1, got {lanes}")
+        self._lock = threading.RLock()  # executor lists, spawning and stray reaping
+        self._free = threading.Condition(self._lock)
+        self.gpu = GpuLock()
+        self.counters = {"promotions": 0, "retired": 0, "escalations": 0, "strays_killed": 0}
+        self._busy = 0
+        self.want_standby, self.spare_isolated, self.lanes = standby, spare_isolated, lanes
+        self.device = default_device()
+        if start is not None and start.device != self._executor_device():
+            for ex in (*start.persistent, start.standby):  # started for a device torch cannot use here
+                if ex is not None:
+                    sandbox.retire(ex)
+            start.persistent, start.standby, start.device = [], None, self._executor_device()
+        # executors first (unless the actor started them already): they warm up while this process does
+        self.start = start or SlotStart.begin(name, policy, workdir, standby, lanes, self._executor_device())
+        self.name = f"{name}@{socket.gethostname()}:{os.getpid()}"
+        self.base, self.cache, self.policy = self.start.base, self.start.cache, self.start.policy
+        self.persistent = self.start.persistent or [self._spawn(single_use=False) for _ in range(lanes)]
+        self.idle = list(self.persistent)
+        self.standby = self.start.standby if self.start.persistent else (self._spawn(single_use=False) if standby else None)
+        self.fresh: list[sandbox.Executor] = []
         prepare_triton()
-        sandbox.become_subreaper()
         if torch_threads:
             torch.set_num_threads(torch_threads)
-        self.device = default_device()
         if self.device.type == "cuda":
             torch.zeros(1, device=self.device)
         self.env = environment(self.device)
-        self.name = f"{name}@{socket.gethostname()}:{os.getpid()}"
-        base = Path(workdir) if workdir else Path(tempfile.gettempdir())
-        base.mkdir(parents=True, exist_ok=True)
-        self.base = Path(tempfile.mkdtemp(prefix=f"fibray-{name}-", dir=base))
-        os.chmod(self.base, 0o755)
-        self.cache = self.base / "shared-cache"
-        self.policy = sandbox.SandboxPolicy(**(policy or {}))
         self.judge = Judge(self.base / "judge", self.device, self.env)
-        self.want_standby, self.spare_isolated = standby, spare_isolated
-        self.active = self._spawn(single_use=False)
-        self.standby = self._spawn(single_use=False) if standby else None
-        self.fresh: list[sandbox.Executor] = []
-        self.counters = {"promotions": 0, "retired": 0, "escalations": 0, "strays_killed": 0}
+
+    def _executor_device(self) -> str:
+        return str(self.device) if self.device.type == "cuda" else "cpu"
+
+    @property
+    def active(self) -> sandbox.Executor:
+        """The first lane's persistent executor."""
+        return self.persistent[0]
 
     # -- executors -----------------------------------------------------------------------
     def _spawn(self, single_use: bool) -> sandbox.Executor:
-        device = str(self.device) if self.device.type == "cuda" else "cpu"
-        return sandbox.spawn(device, self.base, self.policy, single_use, self.cache)
+        with self._lock:  # a stray reap in another lane never sees it before it is listed
+            return sandbox.spawn(self._executor_device(), self.base, self.policy, single_use, self.cache)
 
     def _ready(self, ex: sandbox.Executor, deadline_s: float = _READY_DEADLINE_S) -> sandbox.Executor:
         if not ex.ready:
@@ -156,42 +227,79 @@ class GpuSlot:
             ex.ready, ex.info = True, reply.value
         return ex
 
-    def _active(self) -> sandbox.Executor:
-        try:
-            return self._ready(self.active)
-        except RuntimeError:
-            self._discard(self.active)
-            return self._ready(self.active)
+    def _take_persistent(self) -> sandbox.Executor:
+        for attempt in range(2):
+            with self._free:
+                while not self.idle:
+                    self._free.wait()
+                ex = self.idle.pop(0)
+            try:
+                return self._ready(ex)
+            except RuntimeError:
+                self._discard(ex)
+                if attempt:
+                    raise
+        raise AssertionError("unreachable")
+
+    def _give_back(self, ex: sandbox.Executor) -> None:
+        with self._free:
+            if ex in self.persistent and ex not in self.idle:
+                self.idle.append(ex)
+                self._free.notify()
 
     def _take_fresh(self) -> sandbox.Executor:
-        ex = self.fresh.pop(0) if self.fresh else self._spawn(single_use=True)
-        while len(self.fresh) < self.spare_isolated:
-            self.fresh.append(self._spawn(single_use=True))  # warms up while this job runs
+        with self._lock:
+            ex = self.fresh.pop(0) if self.fresh else self._spawn(single_use=True)
+            while len(self.fresh) < self.spare_isolated:
+                self.fresh.append(self._spawn(single_use=True))  # warms up while this job runs
         return self._ready(ex)
 
     def _discard(self, ex: sandbox.Executor) -> None:
-        """Retire an executor; if it was the active one, the standby takes over at once."""
-        sandbox.retire(ex)
-        self.counters["retired"] += 1
-        if ex is self.active:
-            self.counters["promotions"] += 1
-            self.active = self.standby if self.standby is not None else self._spawn(single_use=False)
-            self.standby = self._spawn(single_use=False) if self.want_standby else None
+        """Retire an executor; if it was a persistent one, the standby takes its lane at once."""
+        with self._free:
+            sandbox.retire(ex)  # under the lock: a stray reap never sees its dying tree as strays
+            self.counters["retired"] += 1
+            if ex in self.persistent:
+                self.counters["promotions"] += 1
+                new = self.standby if self.standby is not None else self._spawn(single_use=False)
+                self.persistent[self.persistent.index(ex)] = new
+                if ex in self.idle:
+                    self.idle.remove(ex)
+                self.idle.append(new)
+                self.standby = self._spawn(single_use=False) if self.want_standby else None
+                self._free.notify()
 
-    def _healthy(self, ex: sandbox.Executor) -> bool:
-        try:
-            send(ex.conn, Request("health"))
-            reply = recv(ex.conn, time.monotonic() + _HEALTH_DEADLINE_S, ex.arena)
-        except (DeadlineExceeded, ChannelClosed):
-            return False
+    def _healthy(self, ex: sandbox.Executor, phase: Phases) -> bool:
+        with self.gpu.hold(phase, "health"):
+            try:
+                send(ex.conn, Request("health"))
+                reply = recv(ex.conn, time.monotonic() + _HEALTH_DEADLINE_S, ex.arena)
+            except (DeadlineExceeded, ChannelClosed):
+                return False
         h = reply.value if reply.ok else None
         return bool(h and h["canary_ok"] and h["allocated"] - h["baseline"] < _LEAK_BYTES)
 
+    def _left_behind(self, ex: sandbox.Executor) -> list[int]:
+        """Live processes under an executor that returned from its job (it adopts its candidates' orphans)."""
+        return sandbox.live_descendants(ex.pid) if ex.alive() else []
+
+    def _reap_strays(self, job_alone: bool) -> list[int]:
+        """Kill processes that re-parented to this slot (their executor is gone, or a candidate
+        undid its executor's adoption of orphans). They count against the job only when it was
+        the only one running; with several lanes they cannot be told apart, and are only killed."""
+        with self._lock:
+            keep = {e.pid for e in (*self.persistent, self.standby, *self.fresh) if e is not None}
+            strays = sandbox.reap_strays(keep)
+        self.counters["strays_killed"] += len(strays)
+        return strays if job_alone else []
+
     # -- the actor's API -----------------------------------------------------------------
     def info(self) -> dict:
-        """Who and where this slot is; waits for its active executor to be warm."""
-        ex = self._active()
-        return {"name": self.name, "pid": os.getpid(), "device": str(self.device),
+        """Who and where this slot is; waits for its persistent executors to be warm."""
+        for ex in list(self.persistent):
+            self._ready(ex)
+        ex = self.active
+        return {"name": self.name, "pid": os.getpid(), "device": str(self.device), "lanes": self.lanes,
                 "environment": self.env.model_dump(mode="json"),
                 "network_isolated": ex.network_isolated, "privileges_dropped": ex.privileges_dropped}
 
@@ -201,14 +309,23 @@ class GpuSlot:
     def evaluate(self, job: Job, mode: str, started_at: str) -> JobResult:
         """Evaluate one job. mode: persistent | isolated | auto (persistent, escalated on a fault)."""
         phase = Phases()
+        with self._lock:
+            self._busy += 1
+        try:
+            return self._evaluate(job, mode, started_at, phase)
+        finally:
+            with self._lock:
+                self._busy -= 1
+
+    def _evaluate(self, job: Job, mode: str, started_at: str, phase: Phases) -> JobResult:
         with phase("executor_wait"):
-            ex = self._take_fresh() if mode == "isolated" else self._active()
+            ex = self._take_fresh() if mode == "isolated" else self._take_persistent()
         isolation = "isolated" if ex.single_use else "persistent"
         escalated = False
         evaluation, fault = self._run(ex, job, phase)
         # processes the candidate left behind are found before anything retires their parent
         with phase("strays"):
-            left = sandbox.descendants(ex.pid) if fault is None and ex.alive() else []
+            left = self._left_behind(ex) if fault is None else []
         if fault is not None:
             with phase("retire"):
                 self._discard(ex)
@@ -219,22 +336,25 @@ class GpuSlot:
                     ex = self._take_fresh()
                 evaluation, fault = self._run(ex, job, phase)
                 with phase("strays"):
-                    left = sandbox.descendants(ex.pid) if fault is None and ex.alive() else []
+                    left = self._left_behind(ex) if fault is None else []
                 with phase("retire"):
                     self._discard(ex)
             if fault is not None:
                 evaluation = self._fault_verdict(job, fault, ex)
         else:
-            with phase("health"):
-                retire = ex.single_use or left or not self._healthy(ex)
+            retire = ex.single_use or left or not self._healthy(ex, phase)
             if retire:
                 with phase("retire"):
                     self._discard(ex)
+            else:
+                self._give_back(ex)
         with phase("strays"):
-            keep = {e.pid for e in (self.active, self.standby, *self.fresh) if e is not None}
-            strays = sandbox.reap_strays(keep)
+            with self._lock:
+                alone = self._busy == 1
+            strays = self._reap_strays(alone)
+        if left:
+            self.counters["strays_killed"] += len(left)
         if strays or left:
-            self.counters["strays_killed"] += len(set(strays) | set(left))
             if evaluation.status == Status.PASSED:
                 evaluation = self.judge.fail(Status.RUNTIME_ERROR, "left_child_process",
                                              f"the candidate left {len(set(strays) | set(left))} process(es) running; killed",
@@ -247,7 +367,7 @@ class GpuSlot:
     def _run(self, ex: sandbox.Executor, job: Job, phase: Phases) -> tuple[Optional[Evaluation], Optional[ExecutorFault]]:
         calls = _RemoteCalls(ex, job, phase)
         try:
-            evaluation = run_job(job, self.judge, calls, phase)
+            evaluation = run_job(job, self.judge, calls, phase, self.gpu)
         except ExecutorFault as f:
             sandbox.kill_tree(ex.pid, ex.pid)  # hung or broken: down at once, whole tree
             return None, f
@@ -269,7 +389,7 @@ class GpuSlot:
         return self.judge.fail(fault.status, fault.reason, bound_log(log, job.settings.log_limit), job.settings)
 
     def shutdown(self) -> None:
-        for ex in (self.active, self.standby, *self.fresh):
+        for ex in (*self.persistent, self.standby, *self.fresh):
             if ex is not None:
                 sandbox.retire(ex)
         sandbox.reap_strays(set())

@@ -1,0 +1,162 @@
+"""Several jobs in flight on one GPU slot: their correctness work overlaps, timing never does,
+a candidate's leftover processes are charged to its own job, and a sweep with lanes records
+what a sweep without them does."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from fibray.evaluate import now_iso
+from fibray.schema import Solution
+from fibray.store import scan
+from fibray.sweep import run_sweep
+from fibray.workers.slot import GpuLock, GpuSlot
+from _sweep_helpers import reachable_tmpdir, smoke_config
+from test_slot import _jobs
+
+
+class _Recorder(GpuLock):
+    """The slot's GPU lock, logging who held it in which mode from when to when."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.log: list[tuple[bool, float, float]] = []
+        self._since: dict[int, float] = {}
+
+    def acquire(self, exclusive: bool) -> None:
+        super().acquire(exclusive)
+        self._since[threading.get_ident()] = time.monotonic()
+
+    def release(self, exclusive: bool) -> None:
+        self.log.append((exclusive, self._since.pop(threading.get_ident()), time.monotonic()))
+        super().release(exclusive)
+
+
+def test_the_gpu_lock_shares_work_and_gives_a_waiting_timer_the_gpu_alone():
+    lock = GpuLock()
+    order: list[str] = []
+    lock.acquire(False)
+    lock.acquire(False)  # shared holders overlap
+    timer = threading.Thread(target=lambda: (lock.acquire(True), order.append("timer"), lock.release(True)))
+    timer.start()
+    time.sleep(0.1)
+    late = threading.Thread(target=lambda: (lock.acquire(False), order.append("late shared"), lock.release(False)))
+    late.start()
+    time.sleep(0.1)
+    assert order == []  # the timer waits for the holders; new shared work waits behind the timer
+    lock.release(False)
+    lock.release(False)
+    timer.join(5)
+    late.join(5)
+    assert order == ["timer", "late shared"]
+
+
+_DAEMON = '''import os
+import time
+
+import torch
+
+
+def run(hidden_states, weight, output):
+    x = hidden_states.float()
+    output.copy_((x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5) * weight.float()).to(output.dtype))
+    if os.fork() == 0:  # a classic daemon: fork, new session, fork again, the middle process exits
+        os.setsid()
+        if os.fork() == 0:
+            time.sleep(600)
+        os._exit(0)
+    os.wait()
+'''
+
+
+@pytest.fixture(scope="module")
+def lanes_slot():
+    s = GpuSlot("lanes", workdir=str(reachable_tmpdir("fibray-lanes-")), standby=True, spare_isolated=1, lanes=2)
+    s.gpu = _Recorder()
+    s.info()
+    yield s
+    s.shutdown()
+
+
+def _concurrently(slot, jobs):
+    results: dict[str, object] = {}
+
+    def one(job):
+        results[job.job_id] = slot.evaluate(job, "auto", now_iso())
+
+    threads = [threading.Thread(target=one, args=(j,)) for j in jobs]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    return results
+
+
+def test_two_lanes_overlap_correctness_work_but_never_timing(lanes_slot):
+    slot = lanes_slot
+    assert len({e.pid for e in slot.persistent}) == 2
+    jobs = [j.model_copy(update={"job_id": f"lane-{i}-{j.job_id}"}) for i in range(2) for j in _jobs()]
+    results = _concurrently(slot, jobs)
+    assert len(results) == len(jobs) and all(r.evaluation.status.value == "PASSED" for r in results.values())
+    log = slot.gpu.log
+    timed = [(a, b) for exclusive, a, b in log if exclusive]
+    assert len(timed) >= len(jobs)  # each job's timing, and the reference's once per workload
+    for exclusive, a, b in log:  # nothing else held the GPU while anything was being timed
+        for ta, tb in timed:
+            if (a, b) != (ta, tb):
+                assert b <= ta or a >= tb
+    shared = sorted((a, b) for exclusive, a, b in log if not exclusive)
+    assert any(b1 > a2 for (a1, b1), (a2, b2) in zip(shared, shared[1:])), "no correctness work overlapped"
+    assert slot.counters["retired"] == 0
+
+
+_SLOW = '''import time
+
+import torch
+
+
+def run(hidden_states, weight, output):
+    time.sleep(0.3)
+    x = hidden_states.float()
+    output.copy_((x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5) * weight.float()).to(output.dtype))
+'''
+
+
+def _solution(name: str, source: str) -> Solution:
+    return Solution.model_validate({
+        "name": name, "definition": "rmsnorm_h4096", "author": "t",
+        "spec": {"language": "python", "target_hardware": ["cpu"], "entry_point": "main.py::run",
+                 "destination_passing_style": True},
+        "sources": [{"path": "main.py", "content": source}]})
+
+
+def test_a_daemon_left_by_one_lane_is_charged_to_its_own_job(lanes_slot):
+    slot = lanes_slot
+    honest, other = _jobs()[:2]
+    # the honest job is still running when the daemon's job ends: only the executor that adopted
+    # the daemon (not the slot, which cannot tell whose it is) can charge the right job
+    results = _concurrently(slot, [honest.model_copy(update={"job_id": "honest-lane", "solution": _solution("slow", _SLOW)}),
+                                   other.model_copy(update={"job_id": "daemon-lane", "solution": _solution("daemonizes", _DAEMON)})])
+    assert results["daemon-lane"].evaluation.reason == "left_child_process"
+    assert results["honest-lane"].evaluation.status.value == "PASSED"
+
+
+def test_a_sweep_with_two_lanes_records_what_one_lane_does(tmp_path):
+    import ray
+
+    ray.init(address="local", num_gpus=1, num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        defs = ["rmsnorm_h4096", "gemm_n128_k2048"]
+        one = run_sweep(smoke_config(tmp_path / "one", dataset__definitions=defs, cluster__num_gpus=1))
+        two = run_sweep(smoke_config(tmp_path / "two", dataset__definitions=defs, cluster__num_gpus=1, runner__lanes=2))
+    finally:
+        ray.shutdown()
+    a, b = scan(tmp_path / "one").collect(), scan(tmp_path / "two").collect()
+    assert one.recorded == two.recorded == len(a) == len(b) == one.total_jobs
+    assert b["job_id"].n_unique() == len(b)
+    key = ["solution", "workload_uuid"]
+    assert sorted(a.select(*key, "status", "reason").rows()) == sorted(b.select(*key, "status", "reason").rows())
+    assert two.phases.get("gpu_wait", 0) > 0
