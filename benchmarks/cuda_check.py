@@ -35,8 +35,8 @@ sys.path.insert(0, str(REPO))
 
 from fibray.build import BuildError, bind, builder_for  # noqa: E402
 from fibray.schema import Definition, Solution  # noqa: E402
+from fibray.timing.timer import flush_bytes  # noqa: E402
 
-_L2_FLUSH_BYTES = 256 << 20
 Case = dict[str, Any]  # input name -> tensor / scalar, plus "_axes" (var-axis values)
 
 
@@ -108,7 +108,7 @@ VENDOR: dict[str, Callable[..., Any]] = {
 # -- timing and judging -------------------------------------------------------------------
 def bench(fn: Callable[[], Any], warmup: int, iterations: int, dev: torch.device) -> float:
     """Median latency (ms) of fn(), CUDA events around each call, L2 flushed before each."""
-    flush = torch.empty(_L2_FLUSH_BYTES, dtype=torch.uint8, device=dev)
+    flush = torch.empty(flush_bytes(dev), dtype=torch.uint8, device=dev)
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize(dev)

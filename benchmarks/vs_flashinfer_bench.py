@@ -21,6 +21,7 @@ flashinfer-bench's runner needs CUDA; `--only fibray` runs fibray's half on any 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -150,22 +151,41 @@ def run_flashinfer_bench(data: Path, work: Path, args: argparse.Namespace) -> di
     return res
 
 
-def run_fibray(data: Path, work: Path, args: argparse.Namespace, lanes: int) -> dict[str, Any]:
+def run_fibray(data: Path, work: Path, args: argparse.Namespace, lanes: int, address: str | None = None) -> dict[str, Any]:
     from fibray.store import TraceStore
 
-    store = work / f"fibray-store-{lanes}"
-    cache = work / f"fibray-triton-cache-{lanes}"
+    tag = f"{lanes}-cluster" if address else str(lanes)
+    store = work / f"fibray-store-{tag}"
+    cache = work / f"fibray-triton-cache-{tag}"
     for d in (store, cache):
         shutil.rmtree(d, ignore_errors=True)
     run = run_sweep_cli(
         [f"dataset.root={data}", "solutions.roots=[]", f"store.root={store}", "sweep.name=vs_flashinfer_bench",
          f"eval.warmup={args.warmup}", f"eval.iterations={args.iterations}", f"eval.trials={args.trials}",
          f"eval.atol={args.atol}", f"eval.rtol={args.rtol}", f"runner.lanes={lanes}", *args.fibray_override],
-        log=work / f"fibray-{lanes}.log", env={**os.environ, "TRITON_CACHE_DIR": str(cache)}, cwd=work)
+        log=work / f"fibray-{tag}.log", cwd=work,
+        env={**os.environ, "TRITON_CACHE_DIR": str(cache), **({"RAY_ADDRESS": address} if address else {})})
     rows = TraceStore(store).read(sweep="vs_flashinfer_bench",
                                   columns=["solution", "workload_uuid", "status", "latency_ms"]).to_pylist()
     return {"rows": rows, "wall_s": run.wall_s, "breakdown": run.breakdown, "summary": run.summary,
             "after_setup_s": run.start_s + run.window_s, "window_s": run.window_s}
+
+
+@contextlib.contextmanager
+def _ray_head(work: Path):
+    """A local Ray head (`ray start --head`), as a cluster a sweep is submitted to; stopped afterwards."""
+    from fibray.workers.actor import visible_gpu_count
+
+    ray_bin = [sys.executable, "-c", "from ray.scripts.scripts import main; main()"]
+    gpus = visible_gpu_count() or 1  # a logical GPU on a machine without one
+    proc = subprocess.run([*ray_bin, "start", "--head", "--disable-usage-stats", "--include-dashboard=false",
+                           f"--num-gpus={gpus}", f"--temp-dir={work / 'ray-head'}"], capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise SystemExit(f"ray start failed: {proc.stdout[-2000:]}{proc.stderr[-2000:]}")
+    try:
+        yield "auto"
+    finally:
+        subprocess.run([*ray_bin, "stop", "--force"], capture_output=True)
 
 
 def _settings_argv(args: argparse.Namespace) -> list[str]:
@@ -220,6 +240,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--work", type=Path, default=Path("/tmp/fibray-vs-fib"))
     ap.add_argument("--only", choices=("fibray", "flashinfer-bench"), default=None)
     ap.add_argument("--lanes", type=int, nargs="+", default=[1], help="fibray runs, one per runner.lanes value")
+    ap.add_argument("--existing-cluster", action="store_true",
+                    help="one more fibray run (last --lanes value) joining a Ray head started before the clock starts")
     ap.add_argument("--fibray-override", nargs="*", default=[], help="extra fibray.sweep overrides (key=value)")
     ap.add_argument("--fib-child", type=Path, help=argparse.SUPPRESS)
     ap.add_argument("--fib-out", type=Path, help=argparse.SUPPRESS)
@@ -242,6 +264,9 @@ def main(argv: list[str] | None = None) -> None:
     if args.only in (None, "fibray"):
         for lanes in args.lanes:
             res[f"fibray lanes={lanes}"] = run_fibray(data, work, args, lanes)
+        if args.existing_cluster:  # the sweep as a batch job on a Ray cluster that is already up
+            with _ray_head(work) as address:
+                res[f"fibray lanes={args.lanes[-1]} on a running cluster"] = run_fibray(data, work, args, args.lanes[-1], address)
     print(f"\n{'tool':<18}{'evals':>7}{'wall_s':>9}{'eval/s':>9}{'after_setup_s':>15}{'eval/s':>9}")
     for name, r in res.items():
         n = len(r["rows"])

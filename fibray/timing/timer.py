@@ -1,11 +1,11 @@
 """Time a callable: CUDA events on a GPU, wall clock on a CPU.
 
-On a GPU every timed call is preceded by an L2 flush and uses its own pair of events on
-the current stream. Work a candidate hides on another stream would escape those events,
-so a second, shorter pass synchronises the whole device before each end mark; its fixed
-cost (measured on an empty call in the same run) is subtracted, and if the device-wide
-figure is clearly longer, it is the one reported. Inputs rotate between calls so that
-caching by input cannot pay.
+On a GPU every timed call is preceded by an L2 flush (a write of twice the device's L2)
+and uses its own pair of events on the current stream. Work a candidate hides on another
+stream would escape those events, so a second, shorter pass synchronises the whole device
+before each end mark; its fixed cost (measured once per process and device on an empty
+call, the same way) is subtracted, and if the device-wide figure is clearly longer, it is
+the one reported. Inputs rotate between calls so that caching by input cannot pay.
 """
 
 from __future__ import annotations
@@ -24,8 +24,9 @@ _record = torch.cuda.Event.record
 _elapsed = torch.cuda.Event.elapsed_time
 _synchronize = torch.cuda.synchronize
 
-_L2_FLUSH_BYTES = 256 * 1024 * 1024  # above any current GPU's L2 (H200: 60 MB)
+_FLUSH_MIN_BYTES = 32 << 20
 _flush_buffers: dict[int, torch.Tensor] = {}
+_sync_overheads: dict[tuple[int, bool], float] = {}
 
 
 @dataclass
@@ -37,12 +38,27 @@ class Timing:
     sync_overhead_ms: float = 0.0
 
 
+def flush_bytes(device: torch.device) -> int:
+    """What one L2 flush writes: twice the device's L2, so that no line of the previous call survives."""
+    return max(_FLUSH_MIN_BYTES, 2 * torch.cuda.get_device_properties(device).L2_cache_size)
+
+
 def _flush_buffer(device: torch.device) -> torch.Tensor:
     idx = device.index if device.index is not None else torch.cuda.current_device()
     buf = _flush_buffers.get(idx)
     if buf is None:
-        buf = _flush_buffers[idx] = torch.empty(_L2_FLUSH_BYTES // 4, dtype=torch.int32, device=device)
+        buf = _flush_buffers[idx] = torch.empty(flush_bytes(device) // 4, dtype=torch.int32, device=device)
     return buf
+
+
+def _sync_overhead(device: torch.device, arg_sets, flush) -> float:
+    """The fixed cost a device-wide synchronise adds to a timed call (an empty call, timed like
+    the device-wide pass): a property of the process and device, measured once."""
+    key = (device.index if device.index is not None else torch.cuda.current_device(), flush is not None)
+    if key not in _sync_overheads:
+        _event_pass(_noop, arg_sets, 5, flush, True, None)  # warm
+        _sync_overheads[key] = statistics.median(_event_pass(_noop, arg_sets, 50, flush, True, None))
+    return _sync_overheads[key]
 
 
 def time_calls(
@@ -109,7 +125,7 @@ def _time_cuda(fn, arg_sets, warmup, total, device, flush_l2, sync_device, befor
         if not sync_device:
             return Timing(stream, "stream_events")
         k = max(5, total // 5)
-        overhead = statistics.median(_event_pass(_noop, arg_sets, k, flush, True, None))
+        overhead = _sync_overhead(device, arg_sets, flush)
         device_wide = [max(s - overhead, 0.0) for s in _event_pass(fn, arg_sets, k, flush, True, before_each)]
         if statistics.median(device_wide) > 1.25 * statistics.median(stream) + 0.005:
             return Timing(device_wide, "device_sync", overhead)  # work escaped the current stream
