@@ -1,6 +1,6 @@
 """Run the fault-injection suite as one sweep and print every verdict against its expectation.
 
-    python benchmarks/fault_suite.py [--store DIR] [--workloads 3]
+    python benchmarks/fault_suite.py [--store DIR] [--workloads 3] [--lanes 1]
 
 On a GPU machine the GPU-only offenders (tests/candidates_gpu) join the sweep. Prints the
 wall time, slot counters (standby promotions, escalations, strays killed) and whether the
@@ -33,6 +33,7 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--store", default=None)
     ap.add_argument("--workloads", type=int, default=3)
+    ap.add_argument("--lanes", type=int, default=1, help="runner.lanes: offenders and controls share the GPU")
     args = ap.parse_args()
     base = Path(args.store or tempfile.mkdtemp(prefix="fibray-faults-"))
     gpu = torch.cuda.is_available()
@@ -44,7 +45,8 @@ def main() -> int:
     common = dict(dataset__definitions=["rmsnorm_h4096"], dataset__workload_set="gpu" if gpu else "cpu_small",
                   dataset__max_workloads_per_definition=args.workloads, sweep__name="faults", sweep__progress=False,
                   eval__build_deadline_s=15 if gpu else 8, eval__run_deadline_s=15 if gpu else 12,
-                  eval__warmup=3, eval__iterations=10, eval__trials=2, runner__quarantine_after=2)
+                  eval__warmup=3, eval__iterations=10, eval__trials=2, runner__quarantine_after=2,
+                  runner__lanes=args.lanes)
     t0 = time.monotonic()
     report = run_sweep(smoke_config(base / "all", solutions__roots=roots, **common))
     wall = time.monotonic() - t0
@@ -69,7 +71,7 @@ def main() -> int:
     solo = sorted((r["solution"], r["workload_uuid"], r["status"], r["max_abs_error"])
                   for r in TraceStore(base / "controls").read(columns=cols).to_pylist())
     same = mixed == solo and all(m[2] == "PASSED" for m in mixed)
-    print(f"\nrecords: {len(rows)} (expected {report.total_jobs}); mismatches: {bad}; wall {wall:.1f}s")
+    print(f"\nlanes {args.lanes}; records: {len(rows)} (expected {report.total_jobs}); mismatches: {bad}; wall {wall:.1f}s")
     print(f"controls identical to a sweep without offenders: {same}")
     print(f"slot counters: {report.slot_stats}")
     sandbox = {(r["network_isolated"], r["privileges_dropped"]) for r in rows}

@@ -160,3 +160,19 @@ def test_a_sweep_with_two_lanes_records_what_one_lane_does(tmp_path):
     key = ["solution", "workload_uuid"]
     assert sorted(a.select(*key, "status", "reason").rows()) == sorted(b.select(*key, "status", "reason").rows())
     assert two.phases.get("gpu_wait", 0) > 0
+
+
+def test_jobs_sent_ahead_wait_for_a_lane(lanes_slot):
+    from datetime import datetime
+
+    slot = lanes_slot
+    jobs = [j.model_copy(update={"job_id": f"ahead-{i}-{j.job_id}"}) for i in range(2) for j in _jobs()]
+    results = _concurrently(slot, jobs)  # 6 jobs sent at once to 2 lanes
+    spans = [(datetime.fromisoformat(r.started_at), datetime.fromisoformat(r.finished_at)) for r in results.values()]
+    events = sorted([(a, 1) for a, _ in spans] + [(b, -1) for _, b in spans], key=lambda e: (e[0], e[1]))
+    running = peak = 0
+    for _, step in events:
+        running += step
+        peak = max(peak, running)
+    assert all(r.evaluation.status.value == "PASSED" for r in results.values())
+    assert peak == 2  # the lanes ran together, the rest waited for them

@@ -124,7 +124,7 @@ def _time_cuda(fn, arg_sets, warmup, total, device, flush_l2, sync_device, befor
         stream = _event_pass(fn, arg_sets, total, flush, False, before_each)
         if not sync_device:
             return Timing(stream, "stream_events")
-        k = max(5, total // 5)
+        k = max(5, total // 10)
         overhead = _sync_overhead(device, arg_sets, flush)
         device_wide = [max(s - overhead, 0.0) for s in _event_pass(fn, arg_sets, k, flush, True, before_each)]
         if statistics.median(device_wide) > 1.25 * statistics.median(stream) + 0.005:

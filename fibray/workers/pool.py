@@ -1,7 +1,8 @@
 """GPU slots and the scheduling loop that keeps them busy, with deadlines on every wait.
 
 One slot (a Ray actor owning one GPU) runs up to `lanes` jobs at a time (timing stays
-exclusive on its GPU); its supervisor escalates faulty jobs to fresh processes itself. Here, on the driver: a solution that faulted runs
+exclusive on its GPU), with one more waiting in it so that no lane waits for the driver's
+round trip between jobs; its supervisor escalates faulty jobs to fresh processes itself. Here, on the driver: a solution that faulted runs
 isolated for the rest of the sweep and is quarantined after K faults (each remaining job
 still gets a record); a slot that dies or stops answering is replaced and its job re-run
 (the store, not this loop, guarantees a job is recorded once). Jobs are grouped by
@@ -100,7 +101,7 @@ class WorkerPool:
         slot.generation += 1
         slot.actor = RemoteSlot.options(
             num_gpus=self.opt.num_gpus_per_slot, num_cpus=self.opt.num_cpus_per_slot, max_restarts=0,
-            max_concurrency=self.opt.lanes + 1,  # its lanes' jobs, and a stats or shutdown call beside them
+            max_concurrency=self.opt.lanes + 2,  # its lanes' jobs, the one waiting, a stats or shutdown call
         ).remote(f"gpu{slot.index}.{slot.generation}", self.opt.sandbox, self.opt.workdir, self.opt.torch_threads,
                  self.opt.standby, self.opt.spare_isolated if self.opt.isolation != "persistent" else 0, self.opt.lanes)
         slot.phase, slot.start_ref, slot.inflight = "start", slot.actor.info.remote(), {}
@@ -144,7 +145,7 @@ class WorkerPool:
             self.start()
         while groups or any(s.inflight for s in self.slots):
             for slot in self.slots:
-                while slot.phase == "ready" and len(slot.inflight) < self.opt.lanes and groups:
+                while slot.phase == "ready" and len(slot.inflight) < self.opt.lanes + 1 and groups:
                     job = self._next_job(slot, groups)
                     if job.solution.hash in self.quarantined:
                         on_result(job, self._quarantine_verdict(slot, job))
@@ -199,8 +200,8 @@ class WorkerPool:
         started_at = _now()
         ref = slot.actor.evaluate.remote(job, mode, started_at)
         # the supervisor enforces the real deadlines; this one only catches a supervisor that hangs
-        # (a job may first wait for the other lanes' timings)
-        wait = budget * self.opt.lanes if self.opt.lanes > 1 else 0.0
+        # (a job may first wait for a lane to free up, and for the other lanes' timings)
+        wait = budget * (self.opt.lanes + 1)
         slot.inflight[ref] = Flight(job, started_at, time.monotonic() + (2 * budget if mode == "auto" else budget)
                                     + wait + self.opt.start_deadline_s)
 

@@ -181,6 +181,8 @@ class GpuSlot:
         self.gpu = GpuLock()
         self.counters = {"promotions": 0, "retired": 0, "escalations": 0, "strays_killed": 0}
         self._busy = 0
+        self._lanes = threading.Semaphore(lanes)
+        """A job (persistent or isolated) holds a lane; a job sent ahead of time waits here for one."""
         self.want_standby, self.spare_isolated, self.lanes = standby, spare_isolated, lanes
         self.device = default_device()
         if start is not None and start.device != self._executor_device():
@@ -307,8 +309,11 @@ class GpuSlot:
         return dict(self.counters)
 
     def evaluate(self, job: Job, mode: str, started_at: str) -> JobResult:
-        """Evaluate one job. mode: persistent | isolated | auto (persistent, escalated on a fault)."""
+        """Evaluate one job. mode: persistent | isolated | auto (persistent, escalated on a fault).
+        `started_at` (when it was sent) is replaced by when it got a lane."""
+        self._lanes.acquire()  # queueing, not the job's time: not one of its phases
         phase = Phases()
+        started_at = now_iso()  # a job sent ahead of time starts when it gets its lane
         with self._lock:
             self._busy += 1
         try:
@@ -316,6 +321,7 @@ class GpuSlot:
         finally:
             with self._lock:
                 self._busy -= 1
+            self._lanes.release()
 
     def _evaluate(self, job: Job, mode: str, started_at: str, phase: Phases) -> JobResult:
         with phase("executor_wait"):
