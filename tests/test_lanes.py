@@ -176,3 +176,26 @@ def test_jobs_sent_ahead_wait_for_a_lane(lanes_slot):
         peak = max(peak, running)
     assert all(r.evaluation.status.value == "PASSED" for r in results.values())
     assert peak == 2  # the lanes ran together, the rest waited for them
+
+
+def test_isolated_jobs_in_two_lanes_keep_each_others_fresh_executors(lanes_slot):
+    # a fresh executor taken by one lane is not in the spare list while it warms up; the other
+    # lane's sweep for stray processes must still know it is ours
+    slot = lanes_slot
+    jobs = [j.model_copy(update={"job_id": f"iso-{i}-{j.job_id}"}) for i in range(2) for j in _jobs()]
+    results: dict[str, object] = {}
+    errors: list[BaseException] = []
+
+    def one(job):
+        try:
+            results[job.job_id] = slot.evaluate(job, "isolated", now_iso())
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=one, args=(j,)) for j in jobs]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(180)
+    assert not errors, errors[0]
+    assert all(r.evaluation.status.value == "PASSED" and r.isolation == "isolated" for r in results.values())

@@ -198,6 +198,8 @@ class GpuSlot:
         self.idle = list(self.persistent)
         self.standby = self.start.standby if self.start.persistent else (self._spawn(single_use=False) if standby else None)
         self.fresh: list[sandbox.Executor] = []
+        self.in_use: list[sandbox.Executor] = []
+        """Single-use executors a job has taken (off the spare list, not yet retired)."""
         prepare_triton()
         if torch_threads:
             torch.set_num_threads(torch_threads)
@@ -250,17 +252,27 @@ class GpuSlot:
                 self._free.notify()
 
     def _take_fresh(self) -> sandbox.Executor:
-        with self._lock:
-            ex = self.fresh.pop(0) if self.fresh else self._spawn(single_use=True)
-            while len(self.fresh) < self.spare_isolated:
-                self.fresh.append(self._spawn(single_use=True))  # warms up while this job runs
-        return self._ready(ex)
+        for attempt in range(2):
+            with self._lock:  # listed as in use at once: another lane's stray reap must not take it for a stray
+                ex = self.fresh.pop(0) if self.fresh else self._spawn(single_use=True)
+                self.in_use.append(ex)
+                while len(self.fresh) < self.spare_isolated:
+                    self.fresh.append(self._spawn(single_use=True))  # warms up while this job runs
+            try:
+                return self._ready(ex)
+            except RuntimeError:
+                self._discard(ex)
+                if attempt:
+                    raise
+        raise AssertionError("unreachable")
 
     def _discard(self, ex: sandbox.Executor) -> None:
         """Retire an executor; if it was a persistent one, the standby takes its lane at once."""
         with self._free:
             sandbox.retire(ex)  # under the lock: a stray reap never sees its dying tree as strays
             self.counters["retired"] += 1
+            if ex in self.in_use:
+                self.in_use.remove(ex)
             if ex in self.persistent:
                 self.counters["promotions"] += 1
                 new = self.standby if self.standby is not None else self._spawn(single_use=False)
@@ -290,7 +302,7 @@ class GpuSlot:
         undid its executor's adoption of orphans). They count against the job only when it was
         the only one running; with several lanes they cannot be told apart, and are only killed."""
         with self._lock:
-            keep = {e.pid for e in (*self.persistent, self.standby, *self.fresh) if e is not None}
+            keep = {e.pid for e in (*self.persistent, self.standby, *self.fresh, *self.in_use) if e is not None}
             strays = sandbox.reap_strays(keep)
         self.counters["strays_killed"] += len(strays)
         return strays if job_alone else []
@@ -395,7 +407,7 @@ class GpuSlot:
         return self.judge.fail(fault.status, fault.reason, bound_log(log, job.settings.log_limit), job.settings)
 
     def shutdown(self) -> None:
-        for ex in (*self.persistent, self.standby, *self.fresh):
+        for ex in (*self.persistent, self.standby, *self.fresh, *self.in_use):
             if ex is not None:
                 sandbox.retire(ex)
         sandbox.reap_strays(set())
