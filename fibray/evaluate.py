@@ -209,6 +209,11 @@ class Evaluator:
             self.runner.finish(job)
 
 
+class SideFault(Exception):
+    """The candidate's side broke down (its process hung, died or was poisoned) rather than the
+    candidate's call failing: run_job passes it up to whoever runs that side, never judges it."""
+
+
 class _OwnGpu:
     """The GPU lock of a process that runs one job at a time: never waits."""
 
@@ -245,6 +250,8 @@ def run_job(job: Job, judge: Judge, calls, phases: Optional[Phases] = None, gpu=
     try:
         with gpu.hold(phase, "timing", exclusive=True):
             timing = calls.time(job)
+    except SideFault:
+        raise
     except Exception as e:  # the candidate failed when called again and again
         from fibray.candidate import classify_exception
 

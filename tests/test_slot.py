@@ -112,3 +112,37 @@ def test_executor_failing_its_health_check_is_retired_before_the_next_job(slot):
     assert slot.counters["retired"] == before["retired"] + 1 and slot.counters["promotions"] == before["promotions"] + 1
     after = slot.evaluate(job.model_copy(update={"job_id": "after-canary"}), "auto", now_iso())
     assert after.evaluation.status.value == "PASSED" and not after.escalated
+
+
+_HANGS_WHEN_TIMED = '''import time
+
+import torch
+
+_calls = [0]
+
+
+def run(hidden_states, weight, output):
+    _calls[0] += 1
+    if _calls[0] > 2:  # its correctness call passes; the timing loop's calls hang
+        time.sleep(600)
+    x = hidden_states.float()
+    output.copy_((x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5) * weight.float()).to(output.dtype))
+'''
+
+
+def test_a_candidate_that_hangs_while_timed_is_a_timeout_and_its_executor_is_killed(slot):
+    from fibray.schema import Solution
+
+    job = _jobs()[0]
+    hangs = Solution.model_validate({
+        "name": "hangs_when_timed", "definition": "rmsnorm_h4096", "author": "t",
+        "spec": {"language": "python", "target_hardware": ["cpu"], "entry_point": "main.py::run",
+                 "destination_passing_style": True},
+        "sources": [{"path": "main.py", "content": _HANGS_WHEN_TIMED}]})
+    settings = job.settings.model_copy(update={"run_deadline_s": 4})
+    active = slot._ready(slot.active).pid
+    result = slot.evaluate(job.model_copy(update={"job_id": "hangs-timed", "solution": hangs, "settings": settings}),
+                           "auto", now_iso())
+    ev = result.evaluation
+    assert (ev.status.value, ev.reason) == ("TIMEOUT", "run_timeout"), ev.log[-300:]
+    assert result.escalated and slot.active.pid != active  # the hung executor is gone, not waited for

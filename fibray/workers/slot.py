@@ -21,7 +21,7 @@ import torch
 
 from fibray.build import BuildError, prepare_triton
 from fibray.candidate import POISONING_REASONS, TrialOutput
-from fibray.evaluate import Judge, bound_log, default_device, environment, now_iso, run_job
+from fibray.evaluate import Judge, SideFault, bound_log, default_device, environment, now_iso, run_job
 from fibray.phases import Phases
 from fibray.schema import Evaluation, EvaluationStatus, Job, JobResult
 from fibray.timing import Timing
@@ -35,7 +35,7 @@ _HEALTH_DEADLINE_S = 30.0
 _LEAK_BYTES = 256 << 20
 
 
-class ExecutorFault(Exception):
+class ExecutorFault(SideFault):
     """The executor hung, died or was poisoned: its verdict cannot be trusted as is."""
 
     def __init__(self, status: Status, reason: str, log: str) -> None:
@@ -52,7 +52,9 @@ class _RemoteCalls:
 
     def __init__(self, ex: sandbox.Executor, job: Job, phase: Phases) -> None:
         self.ex, self.job, self.phase = ex, job, phase
-        self.run_deadline: Optional[float] = None
+        self.run_spent = 0.0
+        """Seconds the executor has spent on this job's run requests: the run deadline counts these
+        only, not the time the job waited for the GPU between them (behind other lanes' timings)."""
 
     def _ask(self, req: Request, deadline: float, phase: str) -> Reply:
         try:
@@ -77,17 +79,19 @@ class _RemoteCalls:
                 reason, detail = "crashed", "executor closed its channel"
             raise ExecutorFault(Status.RUNTIME_ERROR, reason, f"{detail} during {phase}\n{self.ex.output_tail()}") from None
 
-    def _run_deadline(self) -> float:
-        if self.run_deadline is None:
-            self.run_deadline = time.monotonic() + self.job.settings.run_deadline_s
-        return self.run_deadline
+    def _run(self, req: Request) -> Reply:
+        t0 = time.monotonic()
+        try:
+            return self._ask(req, t0 + max(0.0, self.job.settings.run_deadline_s - self.run_spent), "run")
+        finally:
+            self.run_spent += time.monotonic() - t0
 
     def build(self, job: Job) -> Optional[BuildError]:
         reply = self._ask(Request("build", job), time.monotonic() + job.settings.build_deadline_s, "build")
         return None if reply.ok else BuildError(reply.error, reply.reason or "build_failed")
 
     def _trial_like(self, op: str, job: Job, trial: int = 0) -> TrialOutput:
-        reply = self._ask(Request(op, job, trial), self._run_deadline(), "run")
+        reply = self._run(Request(op, job, trial))
         if not reply.ok:
             raise ExecutorFault(Status.RUNTIME_ERROR, "executor_error", reply.error)
         out: TrialOutput = reply.value
@@ -102,7 +106,7 @@ class _RemoteCalls:
         return self._trial_like("recheck", job)
 
     def time(self, job: Job) -> Timing:
-        reply = self._ask(Request("time", job), self._run_deadline(), "run")
+        reply = self._run(Request("time", job))
         if not reply.ok:
             if reply.reason in POISONING_REASONS:
                 raise ExecutorFault(Status(reply.status or "RUNTIME_ERROR"), reply.reason, reply.error)
