@@ -4,6 +4,7 @@ what a sweep without them does."""
 
 from __future__ import annotations
 
+import shutil
 import threading
 import time
 
@@ -199,3 +200,33 @@ def test_isolated_jobs_in_two_lanes_keep_each_others_fresh_executors(lanes_slot)
         t.join(180)
     assert not errors, errors[0]
     assert all(r.evaluation.status.value == "PASSED" and r.isolation == "isolated" for r in results.values())
+
+
+def test_every_offender_gets_its_verdict_with_two_lanes(tmp_path):
+    """The fault-injection suite with two jobs in flight per slot: offenders beside honest jobs,
+    each still gets its designed status and reason."""
+    import ray
+
+    from fibray.workers import FAULT_REASONS
+    from test_faults import EXPECTED, PROBE, _config
+    from _sweep_helpers import REPO, designed_verdict
+
+    workdir = reachable_tmpdir("fibray-faults-lanes-")
+    ray.init(address="local", num_gpus=2, num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        cfg = _config(tmp_path / "store", workdir, [str(REPO / "solutions"), str(REPO / "tests" / "candidates")])
+        report = run_sweep(cfg.model_copy(update={"runner": cfg.runner.model_copy(update={"lanes": 2})}))
+    finally:
+        ray.shutdown()
+        shutil.rmtree(workdir, ignore_errors=True)
+    df = scan(tmp_path / "store").collect()
+    assert len(df) == report.total_jobs == 3 * (7 + len(EXPECTED))
+    for row in df.iter_rows(named=True):
+        name = row["solution"]
+        if name == PROBE:  # its verdict depends on the sandbox (tests/test_faults.py checks it)
+            continue
+        status, reason = EXPECTED[name] if name in EXPECTED else designed_verdict(name, row["definition"])
+        if row["reason"] == "quarantined":
+            assert reason in FAULT_REASONS and row["status"] == status, name
+            continue
+        assert (row["status"], row["reason"]) == (status, reason), f"{name}: {row['log'][-500:]}"
