@@ -308,7 +308,7 @@ class GpuSlot:
         with self._lock:
             keep = {e.pid for e in (*self.persistent, self.standby, *self.fresh, *self.in_use) if e is not None}
             strays = sandbox.reap_strays(keep)
-        self.counters["strays_killed"] += len(strays)
+            self.counters["strays_killed"] += len(strays)
         return strays if job_alone else []
 
     # -- the actor's API -----------------------------------------------------------------
@@ -322,7 +322,8 @@ class GpuSlot:
                 "network_isolated": ex.network_isolated, "privileges_dropped": ex.privileges_dropped}
 
     def stats(self) -> dict:
-        return dict(self.counters)
+        with self._lock:
+            return dict(self.counters)
 
     def evaluate(self, job: Job, mode: str, started_at: str) -> JobResult:
         """Evaluate one job. mode: persistent | isolated | auto (persistent, escalated on a fault).
@@ -352,7 +353,8 @@ class GpuSlot:
             with phase("retire"):
                 self._discard(ex)
             if mode == "auto":
-                self.counters["escalations"] += 1
+                with self._lock:
+                    self.counters["escalations"] += 1
                 escalated, isolation = True, "isolated"
                 with phase("executor_wait"):
                     ex = self._take_fresh()
@@ -375,7 +377,8 @@ class GpuSlot:
                 alone = self._busy == 1
             strays = self._reap_strays(alone)
         if left:
-            self.counters["strays_killed"] += len(left)
+            with self._lock:
+                self.counters["strays_killed"] += len(left)
         if strays or left:
             if evaluation.status == Status.PASSED:
                 evaluation = self.judge.fail(Status.RUNTIME_ERROR, "left_child_process",
