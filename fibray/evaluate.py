@@ -98,9 +98,10 @@ class Judge:
     # -- reference side --------------------------------------------------------------------
     def _reference(self, definition: Definition):
         key = definition.name + ":" + str(hash(definition.reference))
-        if key not in self._refs:
-            self._refs[key] = build_reference(definition.reference, definition.name, self.workdir / "references")
-        return self._refs[key]
+        with self._lock:  # lanes ask for it from several threads
+            if key not in self._refs:
+                self._refs[key] = build_reference(definition.reference, definition.name, self.workdir / "references")
+            return self._refs[key]
 
     def state(self, job: Job) -> _WorkloadState:
         """Inputs and reference outputs of the job's workload (cached per workload). Raises InputError."""
@@ -127,8 +128,7 @@ class Judge:
 
     def _materialise(self, job: Job) -> _WorkloadState:
         s = job.settings
-        with self._lock:
-            ref = self._reference(job.definition)
+        ref = self._reference(job.definition)
         inputs, refs = [], []
         for trial in range(s.trials + 1):
             args = materialize(job.definition, job.workload, root=Path(job.dataset_root), seed=s.seed, trial=trial,

@@ -63,6 +63,8 @@ class SlotStart:
     @classmethod
     def begin(cls, name: str, policy: Optional[dict], workdir: Optional[str], standby: bool, lanes: int,
               device: Optional[str] = None) -> "SlotStart":
+        if lanes < 1:
+            raise ValueError(f"lanes must be at least 1, got {lanes}")
         sandbox.become_subreaper()
         root = Path(workdir) if workdir else Path(tempfile.gettempdir())
         root.mkdir(parents=True, exist_ok=True)
@@ -70,9 +72,21 @@ class SlotStart:
         os.chmod(base, 0o755)
         start = cls(base=base, cache=base / "shared-cache", policy=sandbox.SandboxPolicy(**(policy or {})),
                     device=device or guess_device())
-        start.persistent = [start.spawn(single_use=False) for _ in range(lanes)]
-        start.standby = start.spawn(single_use=False) if standby else None
+        start._spawn_first(lanes, standby)
         return start
+
+    def _spawn_first(self, lanes: int, standby: bool) -> None:
+        self.persistent = [self.spawn(single_use=False) for _ in range(lanes)]
+        self.standby = self.spawn(single_use=False) if standby else None
+
+    def restart_on(self, device: str) -> None:
+        """The guess was wrong (torch sees another device): the first executors start again on `device`."""
+        lanes, standby = len(self.persistent), self.standby is not None
+        for ex in (*self.persistent, self.standby):
+            if ex is not None:
+                sandbox.retire(ex)
+        self.device = device
+        self._spawn_first(lanes, standby)
 
     def spawn(self, single_use: bool) -> sandbox.Executor:
         return sandbox.spawn(self.device, self.base, self.policy, single_use, self.cache)
@@ -84,8 +98,6 @@ class SlotActor:
     def __init__(self, name: str, policy: Optional[dict] = None, workdir: Optional[str] = None,
                  torch_threads: Optional[int] = None, standby: bool = True, spare_isolated: int = 1,
                  lanes: int = 1) -> None:
-        if lanes < 1:
-            raise ValueError(f"lanes must be at least 1, got {lanes}")
         start = SlotStart.begin(name, policy, workdir, standby, lanes)
         from fibray.workers.slot import GpuSlot  # torch, triton: while the executors warm up
 

@@ -32,7 +32,8 @@ class Arena:
 
     @classmethod
     def create(cls, size: int = ARENA_BYTES) -> "Arena":
-        fd = os.memfd_create("fibray-arena", 0)  # inheritable: the executor gets it through pass_fds
+        # close-on-exec: only the executor it is made for gets it (Popen's pass_fds), no other child
+        fd = os.memfd_create("fibray-arena", os.MFD_CLOEXEC)
         os.ftruncate(fd, size)
         return cls(fd, size)
 

@@ -35,10 +35,6 @@ class WorkerStartError(RuntimeError):
     """No worker slot could be started within the deadline."""
 
 
-def _now() -> str:
-    return now_iso()
-
-
 @dataclass
 class PoolOptions:
     """How many slots, and how they treat candidates."""
@@ -197,7 +193,7 @@ class WorkerPool:
         budget = s.build_deadline_s + s.run_deadline_s
         if self.first_dispatch is None:
             self.first_dispatch = time.monotonic()
-        started_at = _now()
+        started_at = now_iso()
         ref = slot.actor.evaluate.remote(job, mode, started_at)
         # the supervisor enforces the real deadlines; this one only catches a supervisor that hangs
         # (a job may first wait for a lane to free up, and for the other lanes' timings)
@@ -275,8 +271,8 @@ class WorkerPool:
 
     def _verdict(self, slot: Slot, job: Job, status: EvaluationStatus, reason: str, log_text: str) -> JobResult:
         env = Environment.model_validate(slot.info["environment"]) if slot.info else Environment(hardware="unknown")
-        ev = Evaluation(status=status, reason=reason, log=log_text, environment=env, timestamp=_now())
+        ev = Evaluation(status=status, reason=reason, log=log_text, environment=env, timestamp=now_iso())
         worker = slot.info["name"] if slot.info else f"gpu{slot.index}"
-        now = _now()
+        now = now_iso()
         return JobResult(job_id=job.job_id, evaluation=ev, worker=worker, isolation="none", attempt=job.attempt,
                          started_at=now, finished_at=now)

@@ -28,6 +28,7 @@ from fibray.workers.arena import ARENA_BYTES, Arena
 
 __all__ = ["ARENA_BYTES", "Arena", "BadMessage", "ChannelClosed", "DeadlineExceeded", "Reply", "Request", "recv", "send"]
 
+
 class ChannelClosed(Exception):
     """The executor's end of the channel is gone (it exited or was killed)."""
 
@@ -69,18 +70,18 @@ def _dtype(name: str) -> torch.dtype:
     return dtype
 
 
-def _receive(host: torch.Tensor, device: str) -> torch.Tensor:
-    """The receiver's own copy: on its device when it has one (the tensor's device is a CUDA one)."""
+def _receive(host: torch.Tensor, device: str, copy: bool) -> torch.Tensor:
+    """The tensor on the receiver's device when it has one (the sender's is a CUDA one); a host
+    tensor is copied when `copy` (its bytes are shared memory the sender will reuse)."""
     if device != "cpu" and torch.cuda.is_available():
         return host.to(device)
-    return host.clone()
+    return host.clone() if copy else host
 
 
 def _tensor(raw: memoryview, dtype: str, shape: tuple[int, ...], device: str) -> torch.Tensor:
-    """Rebuild a tensor from its bytes (received out of band) on the receiver's side."""
+    """Rebuild a tensor from its bytes (received out of band, owned by the receiver)."""
     flat = torch.frombuffer(raw, dtype=torch.uint8) if len(raw) else torch.empty(0, dtype=torch.uint8)
-    host = flat.view(_dtype(dtype)).reshape(shape)
-    return host.to(device) if device != "cpu" and torch.cuda.is_available() else host
+    return _receive(flat.view(_dtype(dtype)).reshape(shape), device, copy=False)
 
 
 def _describe(t: torch.Tensor) -> tuple[str, tuple[int, ...], str]:
@@ -152,7 +153,7 @@ class _Unpickler(pickle.Unpickler):
             raise pickle.UnpicklingError(f"tensor reference outside this channel's arena: {pid!r}")
         if device != "cpu":
             arena.pin(off + nbytes)
-        return _receive(arena.view(off, nbytes).view(_dtype(dtype)).reshape(shape), device)
+        return _receive(arena.view(off, nbytes).view(_dtype(dtype)).reshape(shape), device, copy=True)
 
 
 def send(conn: Connection, obj: Any, arena: Optional[Arena] = None) -> None:
@@ -202,7 +203,7 @@ def recv(conn: Connection, deadline: Optional[float], arena: Optional[Arena] = N
         (n,) = struct.unpack_from("<I", header)
         sizes = struct.unpack_from(f"<{n}Q", header, 4)
         if sum(sizes) > _MAX_OUT_OF_BAND:
-            raise ChannelClosed(f"a message announced {sum(sizes)} bytes of tensors")
+            raise BadMessage(f"a message announced {sum(sizes)} bytes of tensors")
         buffers = []
         for size in sizes:
             buf = bytearray(size)

@@ -178,8 +178,6 @@ class GpuSlot:
     def __init__(self, name: str, policy: Optional[dict] = None, workdir: Optional[str] = None,
                  torch_threads: Optional[int] = None, standby: bool = True, spare_isolated: int = 1,
                  lanes: int = 1, start: Optional[SlotStart] = None) -> None:
-        if lanes < 1:
-            raise ValueError(f"lanes must be at least 1, got {lanes}")
         self._lock = threading.RLock()  # executor lists, spawning and stray reaping
         self._free = threading.Condition(self._lock)
         self.gpu = GpuLock()
@@ -189,18 +187,18 @@ class GpuSlot:
         """A job (persistent or isolated) holds a lane; a job sent ahead of time waits here for one."""
         self.want_standby, self.spare_isolated, self.lanes = standby, spare_isolated, lanes
         self.device = default_device()
-        if start is not None and start.device != self._executor_device():
-            for ex in (*start.persistent, start.standby):  # started for a device torch cannot use here
-                if ex is not None:
-                    sandbox.retire(ex)
-            start.persistent, start.standby, start.device = [], None, self._executor_device()
+        device = str(self.device) if self.device.type == "cuda" else "cpu"
         # executors first (unless the actor started them already): they warm up while this process does
-        self.start = start or SlotStart.begin(name, policy, workdir, standby, lanes, self._executor_device())
+        if start is None:
+            start = SlotStart.begin(name, policy, workdir, standby, lanes, device)
+        elif start.device != device:
+            start.restart_on(device)
+        self.start = start
         self.name = f"{name}@{socket.gethostname()}:{os.getpid()}"
-        self.base, self.cache, self.policy = self.start.base, self.start.cache, self.start.policy
-        self.persistent = self.start.persistent or [self._spawn(single_use=False) for _ in range(lanes)]
+        self.base = start.base
+        self.persistent = list(start.persistent)
         self.idle = list(self.persistent)
-        self.standby = self.start.standby if self.start.persistent else (self._spawn(single_use=False) if standby else None)
+        self.standby = start.standby
         self.fresh: list[sandbox.Executor] = []
         self.in_use: list[sandbox.Executor] = []
         """Single-use executors a job has taken (off the spare list, not yet retired)."""
@@ -212,9 +210,6 @@ class GpuSlot:
         self.env = environment(self.device)
         self.judge = Judge(self.base / "judge", self.device, self.env)
 
-    def _executor_device(self) -> str:
-        return str(self.device) if self.device.type == "cuda" else "cpu"
-
     @property
     def active(self) -> sandbox.Executor:
         """The first lane's persistent executor."""
@@ -223,7 +218,7 @@ class GpuSlot:
     # -- executors -----------------------------------------------------------------------
     def _spawn(self, single_use: bool) -> sandbox.Executor:
         with self._lock:  # a stray reap in another lane never sees it before it is listed
-            return sandbox.spawn(self._executor_device(), self.base, self.policy, single_use, self.cache)
+            return self.start.spawn(single_use)
 
     def _ready(self, ex: sandbox.Executor, deadline_s: float = _READY_DEADLINE_S) -> sandbox.Executor:
         if not ex.ready:
