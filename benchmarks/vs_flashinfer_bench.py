@@ -11,7 +11,10 @@ with the same warm-up, iterations, trials and tolerances. Each runs as its own p
 its own empty Triton cache; wall time counts from process start to exit (imports, start-up,
 compilation and every evaluation). Baseline: flashinfer-bench. Prints wall time, evaluations
 per second, the ratio, whether the two agree on every (solution, workload) status, the
-median ratio of their latencies where both passed, and fibray's breakdown of where its time went.
+median ratio of their latencies where both passed, fibray's breakdown of where its time went, and
+the measurement floor: the GPU time that the timed calls alone take at these settings (every
+PASSED candidate's and every timed reference's median latency times its timed calls, plus one
+L2 flush per call), which no tool of equal rigour can go below on one GPU.
 `--workloads-per-definition N` makes the dataset larger, as a sweep of many input shapes is: each
 definition gets N workloads, its own plus new ones whose variable axes are drawn log-uniformly
 between the smallest and largest values its workloads have (random inputs only; fixed seed).
@@ -166,7 +169,8 @@ def run_fibray(data: Path, work: Path, args: argparse.Namespace, lanes: int, add
         log=work / f"fibray-{tag}.log", cwd=work,
         env={**os.environ, "TRITON_CACHE_DIR": str(cache), **({"RAY_ADDRESS": address} if address else {})})
     rows = TraceStore(store).read(sweep="vs_flashinfer_bench",
-                                  columns=["solution", "workload_uuid", "status", "latency_ms"]).to_pylist()
+                                  columns=["solution", "workload_uuid", "status", "latency_ms",
+                                           "reference_latency_ms"]).to_pylist()
     return {"rows": rows, "wall_s": run.wall_s, "breakdown": run.breakdown, "summary": run.summary,
             "after_setup_s": run.start_s + run.window_s, "window_s": run.window_s}
 
@@ -288,6 +292,54 @@ def main(argv: list[str] | None = None) -> None:
         print(f"flashinfer-bench: import+load {f['load_s']:.1f}s, Benchmark.run_all {f['run_s']:.1f}s")
         for name in runs:
             _report_pair(name, res[name], f)
+    if runs:
+        _report_floor(res[runs[0]]["rows"], args, res.get("flashinfer-bench"))
+
+
+def _flush_ms() -> float:
+    """The median time of one L2 flush as fibray's timer writes it (CUDA events, this GPU)."""
+    import torch
+
+    from fibray.timing.timer import flush_bytes
+
+    dev = torch.device("cuda")
+    buf = torch.empty(flush_bytes(dev) // 4, dtype=torch.int32, device=dev)
+    times = []
+    for _ in range(60):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        buf.zero_()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b))
+    return statistics.median(times[10:])
+
+
+def measurement_floor(rows: list[dict], timed_calls: int, flush_ms: float) -> dict[str, float]:
+    """Seconds of GPU time the timed calls alone need: PASSED candidates, and the reference once
+    per workload that one was timed for, each `timed_calls` times at its median latency, with a flush."""
+    cand = [r["latency_ms"] for r in rows if r["status"] == "PASSED" and r["latency_ms"]]
+    refs = {r["workload_uuid"]: r["reference_latency_ms"] for r in rows
+            if r["status"] == "PASSED" and r.get("reference_latency_ms")}
+    kernels = timed_calls * (sum(cand) + sum(refs.values())) / 1e3
+    flushes = timed_calls * (len(cand) + len(refs)) * flush_ms / 1e3
+    return {"candidates": len(cand), "references": len(refs), "kernels_s": kernels, "flushes_s": flushes,
+            "floor_s": kernels + flushes}
+
+
+def _report_floor(rows: list[dict], args: argparse.Namespace, fib: dict | None) -> None:
+    import torch
+
+    if not torch.cuda.is_available():
+        return
+    flush = _flush_ms()
+    fl = measurement_floor(rows, args.iterations * args.trials, flush)
+    print(f"\nmeasurement floor ({args.iterations * args.trials} timed calls each, L2 flush {flush * 1e3:.1f} us): "
+          f"{fl['candidates']} PASSED candidates + {fl['references']} references: kernels {fl['kernels_s']:.2f}s + "
+          f"flushes {fl['flushes_s']:.2f}s = {fl['floor_s']:.2f}s of exclusive GPU time")
+    if fib is not None:
+        print(f"flashinfer-bench's Benchmark.run_all {fib['run_s']:.1f}s is {fib['run_s'] / fl['floor_s']:.2f}x the floor: "
+              f"the most any equally rigorous tool could gain on it with one GPU, after setup")
 
 
 def _report_pair(name: str, a: dict, b: dict) -> None:

@@ -22,6 +22,7 @@ from fibray.inputs import FP8_DTYPES, BlobCache, materialize, poison_, torch_dty
 from fibray.schema import Definition, Job
 from fibray.phases import Phases
 from fibray.timing import Timing, time_calls
+from fibray.timing.timer import calls_after_warmup
 
 _equal = torch.equal
 _clone = torch.Tensor.clone
@@ -29,6 +30,7 @@ _storage = torch.Tensor.untyped_storage
 _storage_ptr = torch.UntypedStorage.data_ptr
 _storage_nbytes = torch.UntypedStorage.nbytes
 _sync = torch.cuda.synchronize
+_foreach_add = torch._foreach_add_
 _isinstance = isinstance
 _GUARD_BYTES = 4096
 _GUARD_PATTERN = 0xA5
@@ -53,6 +55,33 @@ class TrialOutput:
     failure: Optional[CandidateFailure] = None
     draws: Optional[torch.Tensor] = None
     """[n, batch] first outputs of repeated calls, for checkers that judge many draws (sampling)."""
+
+
+@dataclass
+class _TimingPlan:
+    runnable: Runnable
+    arg_sets: list[list[Any]]
+    iterations: int
+    bumps: list[list[tuple[list[torch.Tensor], Any]]]
+    """Per timed call: groups of one-element views of the call's inputs and what to add to them."""
+
+
+def _bumps(arg_sets: list[list[Any]], calls: int) -> list[list[tuple[list[torch.Tensor], Any]]]:
+    """For timed call i (on set i % n): element 0 and element (i * 7919) mod size of each of the
+    set's floating-point inputs, grouped by dtype so that one fused add per group changes them.
+    fp8 has no arithmetic in torch: its values change through their bytes (+1 in the lowest bits)."""
+    flats = [[a.view(-1) if a.dtype not in FP8_DTYPES else a.view(-1).view(torch.uint8)
+              for a in args if _isinstance(a, torch.Tensor) and a.is_floating_point() and a.numel()]
+             for args in arg_sets]
+    plan = []
+    for i in range(calls):
+        groups: dict[torch.dtype, list[torch.Tensor]] = {}
+        for flat in flats[i % len(arg_sets)]:
+            k = (i * 7919) % flat.numel()
+            groups.setdefault(flat.dtype, []).extend((flat.narrow(0, 0, 1),) if k == 0 else
+                                                     (flat.narrow(0, 0, 1), flat.narrow(0, k, 1)))
+        plan.append([(views, 1 if dtype == torch.uint8 else 1.0) for dtype, views in groups.items()])
+    return plan
 
 
 def classify_exception(e: BaseException) -> tuple[str, str]:
@@ -169,6 +198,7 @@ class CandidateRunner:
         self.builds = BuildCache(Path(workdir) / "builds")
         self.blobs = BlobCache()
         self._sets: dict[str, list[list[Any]]] = {}
+        self._plans: dict[str, _TimingPlan] = {}
         self.clock = Phases()
         """Seconds in inputs, the call itself and the checks of it, since the caller last took them."""
 
@@ -249,8 +279,13 @@ class CandidateRunner:
             out.draws = drawn
         return out
 
-    def time(self, job: Job) -> Timing:
-        """Time the candidate over rotating input sets; every timed call sees inputs it has not seen."""
+    def prepare_time(self, job: Job) -> None:
+        """Everything timing needs that is not the timed calls (further input sets, output buffers,
+        the values to change between calls), made while the GPU is shared so that the exclusive
+        section holds only the calls themselves."""
+        self._plans[job.job_id] = self._timing_plan(job)
+
+    def _timing_plan(self, job: Job) -> _TimingPlan:
         runnable = bind(self.builds.get(job.solution), job.definition)
         s = job.settings
         sets = self._sets.get(job.job_id) or [self._inputs(job, 0)]
@@ -258,27 +293,26 @@ class CandidateRunner:
         extra = min(s.iterations * len(sets), _TIMING_MAX_SETS, _TIMING_BUDGET_BYTES // per_set) - len(sets)
         base = s.trials + 1  # trial indices past the checked ones and the re-check
         arg_sets = [list(a) for a in sets] + [self._inputs(job, base + i) for i in range(max(0, extra))]
-        # fp8 has no arithmetic in torch: its values are changed through their bytes
-        floats = [[a.view(-1) if a.dtype not in FP8_DTYPES else a.view(-1).view(torch.uint8)
-                   for a in args if _isinstance(a, torch.Tensor) and a.is_floating_point() and a.numel()]
-                  for args in arg_sets]
-
-        def before_each(i: int) -> None:
-            # once the distinct sets are used up, make each revisited set new content again
-            if i >= len(arg_sets):
-                for flat in floats[i % len(arg_sets)]:
-                    for k in ((i * 7919) % flat.numel(), 0):
-                        if flat.dtype == torch.uint8:
-                            flat[k] ^= 1  # the lowest mantissa bit
-                        else:
-                            flat[k] += 1.0
-
-        dps = runnable.destination_passing_style
-        if dps:
+        iterations = max(1, -(-s.iterations * len(sets) // len(arg_sets)))
+        bumps = _bumps(arg_sets, calls_after_warmup(iterations, len(arg_sets), self.device, s.sync_device))
+        if runnable.destination_passing_style:
             outs = [_Guarded(job.definition, job.workload.axes, self.device).outputs for _ in arg_sets]
             arg_sets = [[*a, *o] for a, o in zip(arg_sets, outs)]
+        return _TimingPlan(runnable, arg_sets, iterations, bumps)
+
+    def time(self, job: Job) -> Timing:
+        """Time the candidate over rotating input sets. Every set was seen before (in the trials
+        or the warm-up) or is revisited, so each timed call first changes a few values of every
+        floating-point input: no call sees inputs it has seen."""
+        plan = self._plans.pop(job.job_id, None) or self._timing_plan(job)
+        s, bumps = job.settings, plan.bumps
+
+        def before_each(i: int) -> None:
+            for views, one in bumps[i]:
+                _foreach_add(views, one)
+
         with torch.no_grad():
-            return time_calls(runnable, arg_sets, warmup=s.warmup, iterations=max(1, -(-s.iterations * len(sets) // len(arg_sets))),
+            return time_calls(plan.runnable, plan.arg_sets, warmup=s.warmup, iterations=plan.iterations,
                               device=self.device, flush_l2=s.flush_l2, sync_device=s.sync_device, before_each=before_each)
 
     def recheck(self, job: Job) -> TrialOutput:
@@ -300,3 +334,4 @@ class CandidateRunner:
     def finish(self, job: Job) -> None:
         """Drop what was kept for this job."""
         self._sets.pop(job.job_id, None)
+        self._plans.pop(job.job_id, None)

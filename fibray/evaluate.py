@@ -224,7 +224,7 @@ class _OwnGpu:
 
 
 def run_job(job: Job, judge: Judge, calls, phases: Optional[Phases] = None, gpu=None) -> Evaluation:
-    """The evaluation protocol, against any candidate side with build/trial/time/recheck
+    """The evaluation protocol, against any candidate side with build/trial/prepare_time/time/recheck
     (a CandidateRunner in this process, or a slot's channel to an executor). `gpu` (a slot's
     GpuLock) lets jobs share the GPU except while one of them is timed."""
     s = job.settings
@@ -248,6 +248,8 @@ def run_job(job: Job, judge: Judge, calls, phases: Optional[Phases] = None, gpu=
         if not verdict.ok:
             return judge.failed(job, verdict)
     try:
+        with gpu.hold(phase, "timing_prep"):
+            calls.prepare_time(job)
         with gpu.hold(phase, "timing", exclusive=True):
             timing = calls.time(job)
     except SideFault:

@@ -125,7 +125,7 @@ def _solution(src: str, dps: bool, language: str = "python") -> Solution:
 def _evaluate(src: str, dps: bool = True, **settings):
     d = _def()
     w = Workload.model_validate({"uuid": "w", "axes": {"n": 64}, "inputs": {"x": {"type": "random"}, "k": {"type": "scalar", "value": 3.0}}})
-    s = EvalSettings(warmup=1, iterations=3, trials=2, **settings)
+    s = EvalSettings(**{"warmup": 1, "iterations": 3, "trials": 2, **settings})
     sol = _solution("import torch\n" + src, dps)
     job = Job(job_id="j", sweep="t", definition=d, workload=w, solution=sol, settings=s, dataset_root=".")
     return Evaluator(Path(tempfile.mkdtemp())).evaluate(job)
@@ -158,6 +158,27 @@ def test_passed_evaluation_carries_latency_statistics():
     assert p.n_samples == 6 and p.latency_ms > 0 and p.latency_p95_ms >= p.latency_ms
     assert p.speedup_factor == pytest.approx(p.reference_latency_ms / p.latency_ms)
     assert ev.environment.libs["torch"] == torch.__version__
+
+
+def test_no_timed_call_sees_inputs_an_earlier_call_saw(tmp_path, monkeypatch):
+    """A candidate that remembers the values it was called on (a cache keyed by content) must
+    find nothing to reuse while timed: trials, warm-up and revisited timing sets are all changed
+    before each timed call."""
+    log = tmp_path / "seen.txt"
+    monkeypatch.setenv("FIBRAY_TEST_SEEN", str(log))
+    src = ("import os, hashlib\n"
+           "def run(x, k, y):\n"
+           "    with open(os.environ['FIBRAY_TEST_SEEN'], 'a') as f:\n"
+           "        f.write(hashlib.sha1(x.numpy().tobytes()).hexdigest() + '\\n')\n"
+           "    y.copy_(x * k)\n")
+    trials, warmup = 2, 5
+    ev = _evaluate(src, warmup=warmup, iterations=12, trials=trials)
+    assert ev.status.value == "PASSED", ev.log[-800:]
+    seen = log.read_text().split()
+    timed = seen[trials + warmup: trials + warmup + ev.performance.n_samples]
+    assert ev.performance.n_samples > 16 and len(timed) == ev.performance.n_samples  # more calls than distinct sets
+    earlier = set(seen[: trials + warmup])
+    assert len(set(timed)) == len(timed) and not earlier & set(timed)
 
 
 def test_failed_build_is_cached_as_a_failure(tmp_path):

@@ -9,7 +9,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "benchmarks"))
 
-from vs_flashinfer_bench import compare, prepare_dataset  # noqa: E402
+from vs_flashinfer_bench import compare, measurement_floor, prepare_dataset  # noqa: E402
 
 
 def test_shared_dataset_loads_in_flashinfer_bench_with_the_same_contents(tmp_path: Path) -> None:
@@ -48,6 +48,21 @@ def test_compare_counts_agreement_and_latency_ratios() -> None:
     assert c["disagree"] == [(("a", "w2"), "INCORRECT_NUMERICAL", "PASSED")]
     assert c["only_fibray"] == [("c", "w1")] and c["only_fib"] == []
     assert sorted(c["latency_ratios"]) == [0.5, 1.5]
+
+
+def test_the_measurement_floor_counts_passed_candidates_and_each_timed_reference_once() -> None:
+    rows = [
+        {"solution": "a", "workload_uuid": "w1", "status": "PASSED", "latency_ms": 1.0, "reference_latency_ms": 4.0},
+        {"solution": "b", "workload_uuid": "w1", "status": "PASSED", "latency_ms": 3.0, "reference_latency_ms": 4.0},
+        {"solution": "c", "workload_uuid": "w1", "status": "INCORRECT_NUMERICAL", "latency_ms": None,
+         "reference_latency_ms": None},
+        {"solution": "a", "workload_uuid": "w2", "status": "RUNTIME_ERROR", "latency_ms": None, "reference_latency_ms": None},
+    ]
+    fl = measurement_floor(rows, timed_calls=150, flush_ms=0.02)
+    assert (fl["candidates"], fl["references"]) == (2, 1)
+    assert abs(fl["kernels_s"] - 150 * (1.0 + 3.0 + 4.0) / 1e3) < 1e-12
+    assert abs(fl["flushes_s"] - 150 * 3 * 0.02 / 1e3) < 1e-12
+    assert fl["floor_s"] == fl["kernels_s"] + fl["flushes_s"]
 
 
 def test_a_larger_dataset_gets_new_shapes_within_the_range_and_loads_in_both_tools(tmp_path: Path) -> None:

@@ -66,6 +66,9 @@ def main(argv: list[str] | None = None) -> None:
                 reply = Reply(True) if err is None else Reply(False, error=str(err), status="COMPILE_ERROR", reason=err.reason)
             elif req.op == "trial":
                 reply = Reply(True, runner.trial(req.job, req.trial))
+            elif req.op == "prepare_time":
+                runner.prepare_time(req.job)
+                reply = Reply(True)
             elif req.op == "time":
                 reply = Reply(True, runner.time(req.job))
             elif req.op == "recheck":

@@ -43,7 +43,7 @@ class DeadlineExceeded(Exception):
 
 @dataclass
 class Request:
-    """Supervisor -> executor: build | trial | time | recheck | finish | health | exit."""
+    """Supervisor -> executor: build | trial | prepare_time | time | recheck | finish | health | exit."""
 
     op: str
     job: Any = None

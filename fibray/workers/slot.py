@@ -43,7 +43,7 @@ class ExecutorFault(SideFault):
         self.status, self.reason, self.log = status, reason, log
 
 
-_PHASE_OF = {"trial": "trials", "time": "timing"}
+_PHASE_OF = {"trial": "trials", "time": "timing", "prepare_time": "timing_prep"}
 """run_job's phase for an executor request, where the names differ; the executor's own share goes under it."""
 
 
@@ -105,8 +105,14 @@ class _RemoteCalls:
     def recheck(self, job: Job) -> TrialOutput:
         return self._trial_like("recheck", job)
 
+    def prepare_time(self, job: Job) -> None:
+        self._timing_request("prepare_time", job)
+
     def time(self, job: Job) -> Timing:
-        reply = self._run(Request("time", job))
+        return self._timing_request("time", job)
+
+    def _timing_request(self, op: str, job: Job):
+        reply = self._run(Request(op, job))
         if not reply.ok:
             if reply.reason in POISONING_REASONS:
                 raise ExecutorFault(Status(reply.status or "RUNTIME_ERROR"), reply.reason, reply.error)
