@@ -11,6 +11,7 @@ import time
 import pytest
 
 from fibray.evaluate import now_iso
+from fibray.phases import Phases
 from fibray.schema import Solution
 from fibray.store import scan
 from fibray.sweep import run_sweep
@@ -53,6 +54,23 @@ def test_the_gpu_lock_shares_work_and_gives_a_waiting_timer_the_gpu_alone():
     timer.join(5)
     late.join(5)
     assert order == ["timer", "late shared"]
+
+
+def test_shared_work_settles_its_gpu_work_before_a_waiting_timer_gets_the_gpu():
+    """Kernels queued under a shared hold are waited for (the slot passes a device synchronise)
+    before the hold ends, so none of them still runs inside the next timed section."""
+    events: list[str] = []
+    lock = GpuLock(settle=lambda: (time.sleep(0.2), events.append("settled")))
+    phases = Phases()
+    timer = threading.Thread(target=lambda: (lock.acquire(True), events.append("timer"), lock.release(True)))
+    with lock.hold(phases, "trials"):
+        timer.start()
+        time.sleep(0.05)
+    timer.join(5)
+    assert events == ["settled", "timer"]
+    with lock.hold(phases, "timing", exclusive=True):  # a timed section ends synchronised by its own timer
+        pass
+    assert events == ["settled", "timer"]
 
 
 _DAEMON = '''import os

@@ -13,7 +13,7 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Optional
 
@@ -135,7 +135,11 @@ class GpuLock:
     before new shared work, so timings are never starved.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, settle: Optional[Callable[[], None]] = None) -> None:
+        self._settle = settle
+        """Run before shared work gives the GPU up (a device synchronise): kernels this process
+        queued finish first, so none still runs when a timer takes the GPU. An executor settles
+        its own work before it replies."""
         self._cond = threading.Condition()
         self._shared = 0
         self._exclusive = False
@@ -169,7 +173,11 @@ class GpuLock:
             self.acquire(exclusive)
         try:
             with phase(name):
-                yield
+                try:
+                    yield
+                finally:
+                    if self._settle is not None and not exclusive:
+                        self._settle()
         finally:
             self.release(exclusive)
 
@@ -186,13 +194,13 @@ class GpuSlot:
                  lanes: int = 1, start: Optional[SlotStart] = None) -> None:
         self._lock = threading.RLock()  # executor lists, spawning and stray reaping
         self._free = threading.Condition(self._lock)
-        self.gpu = GpuLock()
+        self.device = default_device()
+        self.gpu = GpuLock((lambda: torch.cuda.synchronize(self.device)) if self.device.type == "cuda" else None)
         self.counters = {"promotions": 0, "retired": 0, "escalations": 0, "strays_killed": 0}
         self._busy = 0
         self._lanes = threading.Semaphore(lanes)
         """A job (persistent or isolated) holds a lane; a job sent ahead of time waits here for one."""
         self.want_standby, self.spare_isolated, self.lanes = standby, spare_isolated, lanes
-        self.device = default_device()
         device = str(self.device) if self.device.type == "cuda" else "cpu"
         # executors first (unless the actor started them already): they warm up while this process does
         if start is None:
@@ -403,7 +411,7 @@ class GpuSlot:
         try:
             with phase("finish"):
                 send(ex.conn, Request("finish", job))
-                recv(ex.conn, time.monotonic() + _HEALTH_DEADLINE_S, ex.arena)
+                phase.add(recv(ex.conn, time.monotonic() + _HEALTH_DEADLINE_S, ex.arena).spent, prefix="finish.")
         except (ChannelClosed, DeadlineExceeded):
             pass  # the health check that follows retires it
         return evaluation, None
