@@ -85,6 +85,40 @@ def test_isolated_jobs_run_in_fresh_processes(slot):
     assert slot.counters["retired"] == retired + 2
 
 
+def test_an_isolated_job_gets_a_new_executor_when_the_spares_died_while_warm(slot):
+    """Spares that died before their job (killed, out of memory at start) are not the job's
+    fault: new executors are started for it, and the start failure says how the spare ended."""
+    import time
+
+    slot.spare_isolated = 2
+    try:
+        with slot._lock:
+            while len(slot.fresh) < 2:
+                slot.fresh.append(slot._spawn(single_use=True))
+            spares = list(slot.fresh)
+        slot._ready(spares[0])  # one has said it is ready (its hello read), the other's hello may be unread
+        for ex in spares:
+            os.kill(ex.pid, signal.SIGKILL)
+        for ex in spares:
+            while ex.alive():
+                time.sleep(0.01)
+        for i, job in enumerate(_jobs()[:2]):  # two jobs: each finds a dead spare first
+            result = slot.evaluate(job.model_copy(update={"job_id": f"iso-after-dead-spares-{i}"}), "isolated", now_iso())
+            assert result.isolation == "isolated" and result.evaluation.status.value == "PASSED", result.evaluation
+        assert all(ex.alive() for ex in slot.fresh)
+    finally:
+        slot.spare_isolated = 1
+
+
+def test_a_start_failure_names_how_the_executor_ended(slot):
+    with slot._lock:
+        ex = slot._spawn(single_use=True)
+    os.kill(ex.pid, signal.SIGKILL)
+    with pytest.raises(RuntimeError, match=rf"executor {ex.pid} failed to start \(ChannelClosed; killed_by_signal: "
+                                           r"executor killed by SIGKILL\)"):
+        slot._ready(ex)
+
+
 _BREAKS_THE_CANARY = '''import torch
 
 

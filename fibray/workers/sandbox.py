@@ -123,6 +123,7 @@ class Executor:
     info: dict = field(default_factory=dict)
     arena: Optional[Arena] = None
     """Shared memory the executor writes its replies' tensors into."""
+    drainer: Optional[threading.Thread] = None
     _tail: deque = field(default_factory=lambda: deque(maxlen=256))
     _tail_bytes: list = field(default_factory=lambda: [0])
 
@@ -198,7 +199,8 @@ def spawn(device: str, base_dir: Path, policy: SandboxPolicy, single_use: bool, 
         theirs.close()
     ex = Executor(proc=proc, conn=Connection(ours.detach()), workdir=workdir, single_use=single_use,
                   network_isolated=netns, privileges_dropped=uid is not None, arena=arena)
-    threading.Thread(target=_drain, args=(ex,), daemon=True).start()
+    ex.drainer = threading.Thread(target=_drain, args=(ex,), daemon=True)
+    ex.drainer.start()
     return ex
 
 
@@ -310,13 +312,23 @@ def reap_strays(keep: set[int]) -> list[int]:
     return killed
 
 
+def kill_executor(ex: Executor) -> None:
+    """SIGKILL an executor's process group and tree, unless it has been reaped already: its pid
+    and group id could then belong to a process started since (what it left behind re-parented
+    to this process, where the stray reap finds it)."""
+    if ex.proc.returncode is None:
+        kill_tree(ex.pid, ex.pid)
+
+
 def retire(ex: Executor, wait_s: float = 5.0) -> None:
     """Put an executor down with its whole tree, close its channel, remove its directory."""
-    kill_tree(ex.pid, ex.pid)
+    kill_executor(ex)
     try:
         ex.proc.wait(timeout=wait_s)
     except subprocess.TimeoutExpired:
         pass
+    if ex.drainer is not None:
+        ex.drainer.join(1.0)  # its last output is in the tail before anyone reads why it ended
     ex.conn.close()
     if ex.arena is not None:
         ex.arena.close()

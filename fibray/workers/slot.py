@@ -27,12 +27,12 @@ from fibray.schema import Evaluation, EvaluationStatus, Job, JobResult
 from fibray.timing import Timing
 from fibray.workers import sandbox
 from fibray.workers.actor import SlotStart
+from fibray.workers.executor import LEAK_BYTES
 from fibray.workers.protocol import BadMessage, ChannelClosed, DeadlineExceeded, Reply, Request, recv, send
 
 Status = EvaluationStatus
 _READY_DEADLINE_S = 180.0
 _HEALTH_DEADLINE_S = 30.0
-_LEAK_BYTES = 256 << 20
 
 
 class ExecutorFault(SideFault):
@@ -235,13 +235,21 @@ class GpuSlot:
             return self.start.spawn(single_use)
 
     def _ready(self, ex: sandbox.Executor, deadline_s: float = _READY_DEADLINE_S) -> sandbox.Executor:
+        """The executor, warm and alive; RuntimeError if it could not start or has ended since it
+        said it was ready (neither is the fault of the job about to use it)."""
         if not ex.ready:
             try:
                 reply = recv(ex.conn, time.monotonic() + deadline_s, ex.arena)
             except (DeadlineExceeded, ChannelClosed) as e:
                 sandbox.retire(ex)
-                raise RuntimeError(f"executor failed to start ({type(e).__name__}): {ex.output_tail()[-2000:]}") from None
+                reason, detail = ex.exit_reason()
+                raise RuntimeError(f"executor {ex.pid} failed to start ({type(e).__name__}; {reason}: {detail}): "
+                                   f"{ex.output_tail()[-2000:]}") from None
             ex.ready, ex.info = True, reply.value
+        if not ex.alive():
+            sandbox.retire(ex)
+            reason, detail = ex.exit_reason()
+            raise RuntimeError(f"executor {ex.pid} ended after it was ready ({reason}: {detail}): {ex.output_tail()[-2000:]}")
         return ex
 
     def _take_persistent(self) -> sandbox.Executor:
@@ -265,19 +273,20 @@ class GpuSlot:
                 self._free.notify()
 
     def _take_fresh(self) -> sandbox.Executor:
-        for attempt in range(2):
+        """A single-use executor: a spare that warmed up, or, if that one cannot start, new ones."""
+        failures: list[str] = []
+        for attempt in range(3):
             with self._lock:  # listed as in use at once: another lane's stray reap must not take it for a stray
-                ex = self.fresh.pop(0) if self.fresh else self._spawn(single_use=True)
+                ex = self.fresh.pop(0) if self.fresh and not attempt else self._spawn(single_use=True)
                 self.in_use.append(ex)
                 while len(self.fresh) < self.spare_isolated:
                     self.fresh.append(self._spawn(single_use=True))  # warms up while this job runs
             try:
                 return self._ready(ex)
-            except RuntimeError:
+            except RuntimeError as e:
                 self._discard(ex)
-                if attempt:
-                    raise
-        raise AssertionError("unreachable")
+                failures.append(str(e))
+        raise RuntimeError("no single-use executor could start:\n" + "\n".join(failures))
 
     def _discard(self, ex: sandbox.Executor) -> None:
         """Retire an executor; if it was a persistent one, the standby takes its lane at once."""
@@ -304,7 +313,7 @@ class GpuSlot:
             except (DeadlineExceeded, ChannelClosed):
                 return False
         h = reply.value if reply.ok else None
-        return bool(h and h["canary_ok"] and h["allocated"] - h["baseline"] < _LEAK_BYTES)
+        return bool(h and h["canary_ok"] and h["allocated"] - h["baseline"] < LEAK_BYTES)
 
     def _left_behind(self, ex: sandbox.Executor) -> list[int]:
         """Live processes under an executor that returned from its job (it adopts its candidates' orphans)."""
@@ -403,7 +412,7 @@ class GpuSlot:
         try:
             evaluation = run_job(job, self.judge, calls, phase, self.gpu)
         except ExecutorFault as f:
-            sandbox.kill_tree(ex.pid, ex.pid)  # hung or broken: down at once, whole tree
+            sandbox.kill_executor(ex)  # hung or broken: down at once, whole tree
             return None, f
         except _CandidateTimingError as e:
             reason = "failed_during_timing" if e.reason == "exception" else e.reason
