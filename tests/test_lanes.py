@@ -217,7 +217,8 @@ def test_isolated_jobs_in_two_lanes_keep_each_others_fresh_executors(lanes_slot)
     for t in threads:
         t.join(180)
     assert not errors, errors[0]
-    assert all(r.evaluation.status.value == "PASSED" and r.isolation == "isolated" for r in results.values())
+    assert all(r.evaluation.status.value == "PASSED" and r.isolation == "isolated" for r in results.values()), \
+        [(r.evaluation.status.value, r.evaluation.reason, r.evaluation.log[:300]) for r in results.values()]
 
 
 def test_every_offender_gets_its_verdict_with_two_lanes(tmp_path):

@@ -28,6 +28,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--arena-bytes", type=int, default=0)
     args = parser.parse_args(argv)
     conn = Connection(args.fd)
+    _exit_with(os.getppid())
     from fibray.workers.sandbox import become_subreaper
 
     become_subreaper()  # a candidate's orphans stay below this process, where its job is charged for them
@@ -99,6 +100,20 @@ def main(argv: list[str] | None = None) -> None:
             send(conn, reply, arena)
         except ChannelClosed:
             return
+
+
+def _exit_with(parent: int) -> None:
+    """End this process soon after its supervisor ends (it is then re-parented), even while a
+    candidate's call hangs: a thread that checks once a second."""
+    import threading
+    import time
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="fibray-parent-watch", daemon=True).start()
 
 
 def _health(torch, device, baseline: int) -> dict:

@@ -116,7 +116,7 @@ class WorkerPool:
 
     def shutdown(self) -> None:
         # a slot still starting is only killed: its shutdown would queue behind a start that may never
-        # come (no node can place it), and its executors die with it (PDEATHSIG)
+        # come (no node can place it), and its executors end with it (they watch their parent)
         refs = [s.actor.shutdown.remote() for s in self.slots if s.actor is not None and s.phase == "ready"]
         try:
             ray.wait(refs, num_returns=len(refs), timeout=30)

@@ -12,7 +12,6 @@ from __future__ import annotations
 import ctypes
 import os
 import re
-import resource
 import signal
 import socket
 import stat
@@ -29,6 +28,7 @@ from typing import Optional
 
 import fibray
 from fibray.workers.arena import ARENA_BYTES, Arena
+from fibray.workers.launch import NETNS_REFUSED, sandbox_argv
 
 _ENV_ALLOW = {
     "PATH", "LANG", "LC_ALL", "LC_CTYPE", "TERM", "LD_LIBRARY_PATH", "CUDA_HOME", "CUDA_PATH",
@@ -37,9 +37,7 @@ _ENV_ALLOW = {
     "TORCH_CUDA_ARCH_LIST", "FIBRAY_CUDA_ARCH", "CC", "CXX", "NVCC",
 }
 _SECRET = re.compile(r"TOKEN|SECRET|PASSW|CREDENTIAL|API_?KEY|ACCESS_?KEY|PRIVATE|AUTH|COOKIE|SESSION", re.I)
-_CLONE_NEWNET = 0x40000000
 _NOBODY = 65534
-_PR_SET_PDEATHSIG = 1
 _PR_SET_CHILD_SUBREAPER = 36
 _LOG_TAIL_BYTES = 64 * 1024
 
@@ -89,25 +87,6 @@ def network_namespaces_available() -> bool:
     return os.geteuid() == 0 and sys.platform.startswith("linux")
 
 
-def _preexec(policy: SandboxPolicy, uid: Optional[int], netns: bool) -> None:
-    """Runs in the child between fork and exec: limits, namespace, parent-death signal, uid."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    resource.setrlimit(resource.RLIMIT_NOFILE, (policy.max_open_files, policy.max_open_files))
-    resource.setrlimit(resource.RLIMIT_NPROC, (policy.max_processes, policy.max_processes))
-    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-    if policy.memory_limit_bytes:
-        resource.setrlimit(resource.RLIMIT_AS, (policy.memory_limit_bytes, policy.memory_limit_bytes))
-    if policy.cpu_seconds:
-        resource.setrlimit(resource.RLIMIT_CPU, (policy.cpu_seconds, policy.cpu_seconds + 5))
-    if netns and libc.unshare(_CLONE_NEWNET) != 0:
-        os._exit(121)  # asked for and refused: better no executor than a networked one
-    if uid is not None:
-        os.setgroups([])
-        os.setgid(uid)
-        os.setuid(uid)
-
-
 @dataclass
 class Executor:
     """A running executor process and its end of the control channel."""
@@ -146,7 +125,7 @@ class Executor:
         if code < 0:
             name = signal.Signals(-code).name if -code in signal.Signals._value2member_map_ else str(-code)
             return "killed_by_signal", f"executor killed by {name}"
-        if code == 121:
+        if code == NETNS_REFUSED:
             return "sandbox_failed", "network namespace could not be created"
         return "crashed", f"executor exited with status {code}"
 
@@ -181,7 +160,10 @@ def spawn(device: str, base_dir: Path, policy: SandboxPolicy, single_use: bool, 
         env.setdefault("OMP_NUM_THREADS", "1")
     limits = policy if device == "cpu" else SandboxPolicy(**{**policy.__dict__, "memory_limit_bytes": None})
     arena = Arena.create(policy.arena_bytes) if policy.arena_bytes else None
-    argv = [sys.executable, "-m", "fibray.workers.executor", "--fd", str(theirs.fileno()), "--device", device,
+    argv = [*sandbox_argv(max_open_files=limits.max_open_files, max_processes=limits.max_processes,
+                          memory_limit_bytes=limits.memory_limit_bytes, cpu_seconds=limits.cpu_seconds,
+                          netns=netns, uid=uid),
+            sys.executable, "-m", "fibray.workers.executor", "--fd", str(theirs.fileno()), "--device", device,
             "--workdir", str(workdir)]
     if arena is not None:
         argv += ["--arena-fd", str(arena.fd), "--arena-bytes", str(arena.size)]
@@ -189,8 +171,7 @@ def spawn(device: str, base_dir: Path, policy: SandboxPolicy, single_use: bool, 
         proc = subprocess.Popen(
             argv, env=env, cwd=workdir, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
             pass_fds=(theirs.fileno(), *([arena.fd] if arena else [])), start_new_session=True,
-            preexec_fn=lambda: _preexec(limits, uid, netns),
-        )
+        )  # no preexec_fn: the launcher applies the sandbox after exec (see fibray.workers.launch)
     except BaseException:
         if arena is not None:
             arena.close()
