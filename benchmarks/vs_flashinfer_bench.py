@@ -300,10 +300,9 @@ def _flush_ms() -> float:
     """The median time of one L2 flush as fibray's timer writes it (CUDA events, this GPU)."""
     import torch
 
-    from fibray.timing.timer import flush_bytes
+    from fibray.timing.timer import _flush_buffer
 
-    dev = torch.device("cuda")
-    buf = torch.empty(flush_bytes(dev) // 4, dtype=torch.int32, device=dev)
+    buf = _flush_buffer(torch.device("cuda"))
     times = []
     for _ in range(60):
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)

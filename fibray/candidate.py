@@ -282,8 +282,11 @@ class CandidateRunner:
     def prepare_time(self, job: Job) -> None:
         """Everything timing needs that is not the timed calls (further input sets, output buffers,
         the values to change between calls), made while the GPU is shared so that the exclusive
-        section holds only the calls themselves."""
+        section holds only the calls themselves. It returns with its GPU work done, like a trial
+        call: none of it may still run when another lane's timing starts."""
         self._plans[job.job_id] = self._timing_plan(job)
+        if self.device.type == "cuda":
+            _sync(self.device)
 
     def _timing_plan(self, job: Job) -> _TimingPlan:
         runnable = bind(self.builds.get(job.solution), job.definition)

@@ -73,8 +73,6 @@ def main(argv: list[str] | None = None) -> None:
                 reply = Reply(True, runner.trial(req.job, req.trial))
             elif req.op == "prepare_time":
                 runner.prepare_time(req.job)
-                if device.type == "cuda":
-                    torch.cuda.synchronize(device)  # nothing of it may still run when another lane's timing starts
                 reply = Reply(True)
             elif req.op == "time":
                 reply = Reply(True, runner.time(req.job))

@@ -237,19 +237,20 @@ class GpuSlot:
     def _ready(self, ex: sandbox.Executor, deadline_s: float = _READY_DEADLINE_S) -> sandbox.Executor:
         """The executor, warm and alive; RuntimeError if it could not start or has ended since it
         said it was ready (neither is the fault of the job about to use it)."""
+
+        def unusable(what: str, how: str = "") -> RuntimeError:
+            sandbox.retire(ex)
+            reason, detail = ex.exit_reason()
+            return RuntimeError(f"executor {ex.pid} {what} ({how}{reason}: {detail}): {ex.output_tail()[-2000:]}")
+
         if not ex.ready:
             try:
                 reply = recv(ex.conn, time.monotonic() + deadline_s, ex.arena)
             except (DeadlineExceeded, ChannelClosed) as e:
-                sandbox.retire(ex)
-                reason, detail = ex.exit_reason()
-                raise RuntimeError(f"executor {ex.pid} failed to start ({type(e).__name__}; {reason}: {detail}): "
-                                   f"{ex.output_tail()[-2000:]}") from None
+                raise unusable("failed to start", f"{type(e).__name__}; ") from None
             ex.ready, ex.info = True, reply.value
         if not ex.alive():
-            sandbox.retire(ex)
-            reason, detail = ex.exit_reason()
-            raise RuntimeError(f"executor {ex.pid} ended after it was ready ({reason}: {detail}): {ex.output_tail()[-2000:]}")
+            raise unusable("ended after it was ready")
         return ex
 
     def _take_persistent(self) -> sandbox.Executor:
@@ -420,7 +421,7 @@ class GpuSlot:
         try:
             with phase("finish"):
                 send(ex.conn, Request("finish", job))
-                phase.add(recv(ex.conn, time.monotonic() + _HEALTH_DEADLINE_S, ex.arena).spent, prefix="finish.")
+                recv(ex.conn, time.monotonic() + _HEALTH_DEADLINE_S, ex.arena)
         except (ChannelClosed, DeadlineExceeded):
             pass  # the health check that follows retires it
         return evaluation, None
