@@ -27,7 +27,7 @@ from typing import Any, Callable
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from fibray.build import prepare_triton  # noqa: E402
+from fibray.compile import prepare_triton  # noqa: E402
 
 prepare_triton()  # before anything imports triton
 

@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository: 
 import torch
 
 from fibray.apply import ApplyConfig, apply, build_runtime, disable_apply
-from fibray.build import prepare_triton
+from fibray.compile import prepare_triton
 
 H, N_MEASURED, N_UNSEEN = 64, 8, 9
 DEFINITION = {

@@ -24,7 +24,7 @@ from multiprocessing.connection import Connection
 def _child(fd: int, arena_fd: int, arena_bytes: int, device: str) -> None:
     import torch
 
-    from fibray.workers.protocol import Arena, Reply, recv, send
+    from fibray.workers.process.channel import Arena, Reply, recv, send
 
     conn = Connection(fd)
     arena = Arena(arena_fd, arena_bytes) if arena_fd >= 0 else None
@@ -47,7 +47,7 @@ def _child(fd: int, arena_fd: int, arena_bytes: int, device: str) -> None:
 def _measure(sizes: list[int], repeats: int, use_arena: bool, device: str) -> dict[int, float]:
     import torch
 
-    from fibray.workers.protocol import Arena, Request, recv, send
+    from fibray.workers.process.channel import Arena, Request, recv, send
 
     ours, theirs = socket.socketpair()
     arena = Arena.create(max(sizes) * 2) if use_arena else None

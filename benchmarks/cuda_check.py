@@ -33,7 +33,7 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from fibray.build import BuildError, bind, builder_for  # noqa: E402
+from fibray.compile import BuildError, bind, builder_for  # noqa: E402
 from fibray.schema import Definition, Solution  # noqa: E402
 from fibray.timing.timer import flush_bytes  # noqa: E402
 
@@ -152,7 +152,7 @@ def as_outputs(result: Any, definition: Definition) -> list[torch.Tensor]:
 
 
 def empty_outputs(definition: Definition, axes: dict[str, int], dev: torch.device) -> list[torch.Tensor]:
-    from fibray.inputs import torch_dtype
+    from fibray.evaluate.inputs import torch_dtype
 
     outs = []
     for spec in definition.outputs.values():

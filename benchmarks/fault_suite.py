@@ -28,7 +28,7 @@ def main() -> int:
     from _sweep_helpers import designed_verdict, smoke_config
     from fibray.store import TraceStore
     from fibray.sweep import run_sweep
-    from fibray.workers import FAULT_REASONS
+    from fibray.schema.reasons import FAULT_REASONS
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--store", default=None)

@@ -3,7 +3,7 @@
     python benchmarks/llm_families.py [--store DIR] [--workloads N] [--trials 3] [--skip-sweep]
 
 Runs `python -m fibray.sweep` over datasets/llm (the GPU-size set on a GPU machine, which
-must have been generated: `python -m fibray.dataset.generate --out datasets/llm --set gpu`;
+must have been generated: `python -m fibray.generate --out datasets/llm --set gpu`;
 the cpu_small set otherwise), at most N workloads per definition, then reads the store
 (pyarrow) and prints per definition and solution: passed/total, median latency, geomean
 speedup over the definition's reference, and the ratio of each solution's latency to the

@@ -178,7 +178,7 @@ def run_fibray(data: Path, work: Path, args: argparse.Namespace, lanes: int, add
 @contextlib.contextmanager
 def _ray_head(work: Path):
     """A local Ray head (`ray start --head`), as a cluster a sweep is submitted to; stopped afterwards."""
-    from fibray.workers.actor import visible_gpu_count
+    from fibray.workers.start import visible_gpu_count
 
     ray_bin = [sys.executable, "-c", "from ray.scripts.scripts import main; main()"]
     gpus = visible_gpu_count() or 1  # a logical GPU on a machine without one

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from fibray.build import BuildError
-from fibray.build.cache import ArtifactCache, BuildLockTimeout, compile_ahead
+from fibray.compile import BuildError
+from fibray.compile.cache import ArtifactCache, BuildLockTimeout, compile_ahead
 from fibray.schema import Solution
 
 _KERNEL = r"""
@@ -39,7 +39,7 @@ def _solution(name: str, content: str = _KERNEL) -> Solution:
 _CHILD = r"""
 import json, sys, time
 from pathlib import Path
-from fibray.build.cache import ArtifactCache
+from fibray.compile.cache import ArtifactCache
 from fibray.schema import Solution
 root, sol_json, go = sys.argv[1], sys.argv[2], Path(sys.argv[3])
 solution = Solution.model_validate_json(sol_json)

@@ -14,9 +14,9 @@ from multiprocessing.connection import Connection
 import pytest
 import torch
 
-from fibray.candidate import CandidateFailure, TrialOutput
+from fibray.evaluate.candidate import CandidateFailure, TrialOutput
 from fibray.timing import Timing
-from fibray.workers.protocol import Arena, BadMessage, Reply, Request, recv, send
+from fibray.workers.process.channel import Arena, BadMessage, Reply, Request, recv, send
 
 
 @pytest.fixture()

@@ -13,9 +13,9 @@ import pytest
 import torch
 from pydantic import ValidationError
 
-from fibray.build import BuildError, DeviceRequired, bind, builder_for
-from fibray.build.cache import ArtifactCache, CacheResult
-from fibray.build.cuda import CAbiArgumentError, c_abi_argtypes, c_abi_arguments, gencode_flags, load_artifact
+from fibray.compile import BuildError, DeviceRequired, bind, builder_for
+from fibray.compile.cache import ArtifactCache, CacheResult
+from fibray.compile.cuda import CAbiArgumentError, c_abi_argtypes, c_abi_arguments, gencode_flags, load_artifact
 from fibray.schema import Definition, EvalSettings, Job, RandomInput, Solution, Workload
 
 REPO = Path(__file__).resolve().parents[1]

@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from fibray.build import BuildCache, BuildError, patch_interpreter_casts
+from fibray.compile import BuildCache, BuildError, patch_interpreter_casts
 from fibray.check import Tolerance, checker_for
 from fibray.evaluate import Evaluator, bound_log
-from fibray.inputs import BlobCache, InputError, allocate_outputs, materialize
+from fibray.evaluate.inputs import BlobCache, InputError, allocate_outputs, materialize
 from fibray.schema import Definition, EvalSettings, Job, SafetensorsInput, Solution, Workload
 from fibray.timing import LatencyStats
 

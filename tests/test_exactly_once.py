@@ -16,7 +16,7 @@ import ray
 
 from fibray.store import TraceStore, scan
 from fibray.sweep import run_sweep
-from fibray.workers.sandbox import descendants
+from fibray.workers.process.sandbox import descendants
 from _sweep_helpers import designed_verdict, smoke_config
 
 ARGS = ["+experiment=smoke", "dataset.definitions=[rmsnorm_h4096,fused_add_rmsnorm_h4096]",

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from fibray.dataset import load_dataset
-from fibray.dataset.export import ExportError, evaluation_from_row, export_store, main, torch_shim_solution
+from fibray.interop.export import ExportError, evaluation_from_row, export_store, main, torch_shim_solution
 from fibray.schema import Definition, Solution
 from fibray.store import TraceStore
 from fibray.sweep import run_sweep, validate_config

@@ -15,8 +15,8 @@ import ray
 
 from fibray.store import scan
 from fibray.sweep import run_sweep
-from fibray.workers import FAULT_REASONS
-from fibray.workers.sandbox import can_drop_privileges, network_namespaces_available
+from fibray.schema.reasons import FAULT_REASONS
+from fibray.workers.process.sandbox import can_drop_privileges, network_namespaces_available
 from _sweep_helpers import REPO, designed_verdict, reachable_tmpdir, smoke_config
 
 SECRET = "fibray-test-secret-7f3a"

@@ -11,9 +11,9 @@ import torch
 from safetensors.torch import load_file
 
 from fibray.dataset import load_dataset
-from fibray.dataset._serving_defs import catalogue
-from fibray.dataset._serving_trace import TIE_MARGIN, mass_above, page_table, routing_skew
-from fibray.dataset.generate import CPU_SMALL, Draft, dedup, drafts_for, generate, main
+from fibray.generate._defs import catalogue
+from fibray.generate._trace import TIE_MARGIN, mass_above, page_table, routing_skew
+from fibray.generate import CPU_SMALL, Draft, dedup, drafts_for, generate, main
 
 REPO = Path(__file__).resolve().parents[1]
 LLM = REPO / "datasets" / "llm"

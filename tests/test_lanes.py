@@ -11,7 +11,7 @@ import time
 import pytest
 
 from fibray.evaluate import now_iso
-from fibray.phases import Phases
+from fibray.evaluate.phases import Phases
 from fibray.schema import Solution
 from fibray.store import scan
 from fibray.sweep import run_sweep
@@ -226,7 +226,7 @@ def test_every_offender_gets_its_verdict_with_two_lanes(tmp_path):
     each still gets its designed status and reason."""
     import ray
 
-    from fibray.workers import FAULT_REASONS
+    from fibray.schema.reasons import FAULT_REASONS
     from test_faults import EXPECTED, PROBE, _config
     from _sweep_helpers import REPO, designed_verdict
 

@@ -10,7 +10,7 @@ import torch
 
 from fibray.check import Draws, Tolerance, checker_for, collect_draws, draw_plan, wants_draws
 from fibray.check.sampling import _expected_tvd, filtered_distribution, tvd_bound
-from fibray.dataset._serving_defs import sampling
+from fibray.generate._defs import sampling
 from fibray.schema import Definition
 
 VOCAB = 32000

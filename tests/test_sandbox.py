@@ -8,9 +8,9 @@ import subprocess
 import sys
 import time
 
-from fibray.workers import sandbox
-from fibray.workers.launch import sandbox_argv
-from fibray.workers.protocol import recv
+from fibray.workers.process import sandbox
+from fibray.workers.process.launch import sandbox_argv
+from fibray.workers.process.channel import recv
 from _sweep_helpers import reachable_tmpdir
 
 
@@ -61,8 +61,8 @@ import sys, time
 from pathlib import Path
 from fibray.dataset import load_dataset
 from fibray.schema import EvalSettings, Job
-from fibray.workers import sandbox
-from fibray.workers.protocol import Request, recv, send
+from fibray.workers.process import sandbox
+from fibray.workers.process.channel import Request, recv, send
 base, repo = Path(sys.argv[1]), Path(sys.argv[2])
 ds = load_dataset(repo / "datasets" / "core", definitions=["rmsnorm_h4096"], workload_set="cpu_small",
                   solution_roots=[repo / "tests" / "candidates"], solutions=["offender_sleep_at_import"])

@@ -50,7 +50,7 @@ def test_descendants_walks_the_same_tree_as_a_full_process_scan(monkeypatch):
     import subprocess
     import time
 
-    from fibray.workers import sandbox
+    from fibray.workers.process import sandbox
 
     proc = subprocess.Popen(["bash", "-c", "sleep 30 & (sleep 30 & wait) & wait"])  # bash: sleep, subshell: sleep
     try:

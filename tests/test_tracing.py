@@ -11,7 +11,7 @@ from _apply_fixtures import RAGGED, inputs, ragged_center, ragged_inputs, scale,
 
 from fibray.apply import apply
 from fibray.dataset import load_dataset
-from fibray.inputs import materialize
+from fibray.evaluate.inputs import materialize
 from fibray.schema import Definition, RandomInput, SafetensorsInput, ScalarInput
 from fibray.tracing import Tracer, TracingError, trace
 

@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from fibray.build.cache import ArtifactCache
-from fibray.build.cuda import c_abi_argtypes
+from fibray.compile.cache import ArtifactCache
+from fibray.compile.cuda import c_abi_argtypes
 from fibray.dataset import load_dataset
-from fibray.dataset.xpuoj import XpuojError, import_package, main, write_dataset
-from fibray.inputs import materialize
+from fibray.interop.xpuoj import XpuojError, import_package, main, write_dataset
+from fibray.evaluate.inputs import materialize
 
 PACKAGE = Path(__file__).resolve().parent / "data" / "xpuoj" / "silu_scale"
 

@@ -13,7 +13,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from fibray.build import prepare_triton
+from fibray.compile import prepare_triton
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -16,10 +16,10 @@ _VERSION = re.compile(r"^\s*v?(\d+)(?:\.(\d+))?")
 
 def running_environment() -> Environment:
     """Hardware name and library versions of this process, as a sweep worker would record them."""
-    from fibray.build import prepare_triton
+    from fibray.compile import prepare_triton
 
     prepare_triton()  # environment() imports triton; on a CPU-only host it must be the interpreter
-    from fibray.evaluate import default_device, environment
+    from fibray.evaluate.environment import default_device, environment
 
     return environment(default_device())
 

@@ -21,7 +21,7 @@ import torch
 from fibray.apply.hotpath import generate, make_probe
 from fibray.apply.index import Key
 from fibray.apply.native import hit_path_type
-from fibray.inputs import torch_dtype
+from fibray.evaluate.inputs import torch_dtype
 from fibray.schema import Definition
 
 HIT, BUCKETED, MISS = 0, 1, 2

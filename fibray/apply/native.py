@@ -24,9 +24,9 @@ from typing import Any
 
 import torch
 
-from fibray.build.base import BuildError
-from fibray.build.cache import BuildLockTimeout, exclusive_lock
-from fibray.build.cuda import host_compiler, run_compiler
+from fibray.compile.base import BuildError
+from fibray.compile.cache import BuildLockTimeout, exclusive_lock
+from fibray.compile.cuda import host_compiler, run_compiler
 
 log = logging.getLogger(__name__)
 

@@ -20,7 +20,7 @@ from fibray.apply.config import DISABLE_ENV, ApplyConfig, disabled_by_env
 from fibray.apply.dispatch import Dispatcher, SolutionState
 from fibray.apply.hooks import HOOKS, set_runtime
 from fibray.apply.index import DefinitionIndex, IndexReport, build_index, read_rows
-from fibray.build import BuildCache, BuildError
+from fibray.compile import BuildCache, BuildError
 from fibray.dataset import Dataset, load_dataset
 from fibray.schema import Environment, Solution
 from fibray.store import TraceStore

@@ -20,7 +20,7 @@ from fibray.dataset import Dataset, load_dataset
 from fibray.schema import EvaluationStatus, Job, JobResult
 from fibray.store import TraceStore, to_row
 from fibray.sweep.config import ConfigError, SweepConfig
-from fibray.phases import top_level
+from fibray.evaluate.phases import top_level
 
 log = logging.getLogger(__name__)
 
@@ -148,7 +148,7 @@ def _init_ray(cfg: SweepConfig) -> tuple[int, bool]:
     elif address:
         ray.init(address=address, log_to_driver=cfg.cluster.log_to_driver)
     else:
-        from fibray.workers.actor import visible_gpu_count
+        from fibray.workers.start import visible_gpu_count
 
         real = visible_gpu_count()  # not torch: importing it here would delay Ray's start by seconds
         if real and cfg.cluster.num_gpus and cfg.cluster.num_gpus > real:
@@ -169,8 +169,8 @@ def _compile_ahead(todo: list[Job], cfg: SweepConfig) -> Optional[str]:
     artifact cache the executors should use (None: each slot keeps its own)."""
     import ray
 
-    from fibray.build.cache import compile_ahead
-    from fibray.workers.sandbox import world_executable
+    from fibray.compile.cache import compile_ahead
+    from fibray.workers.process.sandbox import world_executable
 
     solutions = {j.solution.hash: j.solution for j in todo if j.solution.spec.language.value in ("cuda", "cpp")}
     cache = Path(cfg.store.root).resolve() / "_builds"
@@ -192,7 +192,7 @@ def _compile_ahead(todo: list[Job], cfg: SweepConfig) -> Optional[str]:
 
 def run_sweep(cfg: SweepConfig) -> SweepReport:
     """Run (or resume) a sweep to completion and return what it did."""
-    from fibray.workers.pool import PoolOptions, WorkerPool
+    from fibray.sweep.pool import PoolOptions, WorkerPool
 
     t0 = time.monotonic()
     ds = load_dataset(

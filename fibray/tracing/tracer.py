@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from fibray.apply.hooks import HOOKS, set_tracer
 from fibray.dataset import Dataset, load_dataset
-from fibray.inputs import torch_dtype
+from fibray.evaluate.inputs import torch_dtype
 from fibray.schema import Definition
 from fibray.tracing.policy import DedupPolicy, DumpNamed, DumpPolicy, make_dedup, make_dump
 from fibray.tracing.writer import TracedCall, TracingError, ensure_definitions, write_calls

@@ -1,13 +1,12 @@
-"""Workers: GPU slots (Ray actors) supervising sandboxed candidate executors, and the pool
-that schedules jobs on them. Names load on first use, so an executor (fibray.workers.executor)
-starts without Ray."""
+"""The slot side of the process boundary: a GPU slot (a Ray actor) supervising sandboxed
+candidate executors (fibray.workers.process). Driver-side scheduling lives in fibray.sweep.pool.
+Names load on first use, so an executor starts without Ray or torch's slot side."""
 
 from __future__ import annotations
 
-__all__ = ["FAULT_REASONS", "GpuSlot", "PoolOptions", "SandboxPolicy", "Slot", "WorkerPool", "WorkerStartError"]
+__all__ = ["GpuSlot", "SandboxPolicy", "SlotActor", "SlotStart"]
 
-_HOME = {"FAULT_REASONS": "pool", "PoolOptions": "pool", "Slot": "pool", "WorkerPool": "pool",
-         "WorkerStartError": "pool", "SandboxPolicy": "sandbox", "GpuSlot": "slot"}
+_HOME = {"SandboxPolicy": "process.sandbox", "GpuSlot": "slot", "SlotActor": "actor", "SlotStart": "start"}
 
 
 def __getattr__(name: str):

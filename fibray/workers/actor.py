@@ -1,95 +1,12 @@
-"""The Ray actor of a GPU slot, and the part of its start-up that needs no torch.
-
-A slot's executors import torch, triton and create a CUDA context: the longest part of
-starting a slot. They are spawned first, from this light module, and warm up while the actor
-imports torch and builds its `GpuSlot` (fibray.workers.slot) around them.
+"""The Ray actor of a GPU slot: its executors are spawned first (fibray.workers.start, no torch),
+then the supervisor (fibray.workers.slot.GpuSlot) is built around them while they warm up.
 """
 
 from __future__ import annotations
 
-import ctypes
-import os
-import tempfile
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Optional
 
-from fibray.workers import sandbox
-
-
-def visible_gpu_count() -> int:
-    """NVIDIA GPUs this process may use, without importing torch: the node's GPUs as the driver's
-    management library (NVML) counts them, narrowed by CUDA_VISIBLE_DEVICES (which CUDA reads up
-    to its first invalid entry). 0 where there is no NVIDIA driver."""
-    try:
-        nvml = ctypes.CDLL("libnvidia-ml.so.1")
-    except OSError:
-        return 0
-    count = ctypes.c_uint(0)
-    if nvml.nvmlInit_v2() != 0:
-        return 0
-    try:
-        if nvml.nvmlDeviceGetCount_v2(ctypes.byref(count)) != 0:
-            return 0
-    finally:
-        nvml.nvmlShutdown()
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if visible is None:
-        return count.value
-    listed = 0
-    for entry in visible.split(","):
-        if not entry.strip() or entry.strip().startswith("-"):
-            break
-        listed += 1
-    return min(listed, count.value)
-
-
-def guess_device() -> str:
-    """The device a slot's executors will use, before torch can say (GpuSlot checks the guess)."""
-    return "cuda:0" if visible_gpu_count() else "cpu"
-
-
-@dataclass
-class SlotStart:
-    """A slot's private directories and its first executors, started before torch is imported."""
-
-    base: Path
-    cache: Path
-    policy: sandbox.SandboxPolicy
-    device: str
-    persistent: list = field(default_factory=list)
-    standby: Optional[sandbox.Executor] = None
-
-    @classmethod
-    def begin(cls, name: str, policy: Optional[dict], workdir: Optional[str], standby: bool, lanes: int,
-              device: Optional[str] = None) -> "SlotStart":
-        if lanes < 1:
-            raise ValueError(f"lanes must be at least 1, got {lanes}")
-        sandbox.become_subreaper()
-        root = Path(workdir) if workdir else Path(tempfile.gettempdir())
-        root.mkdir(parents=True, exist_ok=True)
-        base = Path(tempfile.mkdtemp(prefix=f"fibray-{name}-", dir=root))
-        os.chmod(base, 0o755)
-        start = cls(base=base, cache=base / "shared-cache", policy=sandbox.SandboxPolicy(**(policy or {})),
-                    device=device or guess_device())
-        start._spawn_first(lanes, standby)
-        return start
-
-    def _spawn_first(self, lanes: int, standby: bool) -> None:
-        self.persistent = [self.spawn(single_use=False) for _ in range(lanes)]
-        self.standby = self.spawn(single_use=False) if standby else None
-
-    def restart_on(self, device: str) -> None:
-        """The guess was wrong (torch sees another device): the first executors start again on `device`."""
-        lanes, standby = len(self.persistent), self.standby is not None
-        for ex in (*self.persistent, self.standby):
-            if ex is not None:
-                sandbox.retire(ex)
-        self.device = device
-        self._spawn_first(lanes, standby)
-
-    def spawn(self, single_use: bool) -> sandbox.Executor:
-        return sandbox.spawn(self.device, self.base, self.policy, single_use, self.cache)
+from fibray.workers.start import SlotStart
 
 
 class SlotActor:

@@ -19,16 +19,19 @@ from typing import Optional
 
 import torch
 
-from fibray.build import BuildError, prepare_triton
-from fibray.candidate import POISONING_REASONS, TrialOutput
-from fibray.evaluate import Judge, SideFault, bound_log, default_device, environment, now_iso, run_job
-from fibray.phases import Phases
+from fibray.compile import BuildError, prepare_triton
+from fibray.evaluate.candidate import TrialOutput
+from fibray.schema.reasons import POISONING_REASONS
+from fibray.evaluate.environment import default_device, environment
+from fibray.evaluate.phases import now_iso
+from fibray.evaluate.run import Judge, SideFault, bound_log, run_job
+from fibray.evaluate.phases import Phases
 from fibray.schema import Evaluation, EvaluationStatus, Job, JobResult
 from fibray.timing import Timing
-from fibray.workers import sandbox
-from fibray.workers.actor import SlotStart
-from fibray.workers.executor import LEAK_BYTES
-from fibray.workers.protocol import BadMessage, ChannelClosed, DeadlineExceeded, Reply, Request, recv, send
+from fibray.workers.process import sandbox
+from fibray.workers.start import SlotStart
+from fibray.workers.process.executor import LEAK_BYTES
+from fibray.workers.process.channel import BadMessage, ChannelClosed, DeadlineExceeded, Reply, Request, recv, send
 
 Status = EvaluationStatus
 _READY_DEADLINE_S = 180.0

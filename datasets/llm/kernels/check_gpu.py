@@ -24,11 +24,11 @@ import torch
 ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT))
 
-from fibray.build import BuildCache, BuildError, build_reference, prepare_triton  # noqa: E402
+from fibray.compile import BuildCache, BuildError, build_reference, prepare_triton  # noqa: E402
 from fibray.check import Draws, Tolerance, checker_for, collect_draws, draw_plan, wants_draws  # noqa: E402
-from fibray.dataset._serving_defs import catalogue  # noqa: E402
-from fibray.dataset.generate import drafts_for  # noqa: E402
-from fibray.inputs import allocate_outputs, input_seed, random_tensor, torch_dtype  # noqa: E402
+from fibray.generate._defs import catalogue  # noqa: E402
+from fibray.generate import drafts_for  # noqa: E402
+from fibray.evaluate.inputs import allocate_outputs, input_seed, random_tensor, torch_dtype  # noqa: E402
 from fibray.schema import Definition, Solution  # noqa: E402
 
 LLM = ROOT / "datasets" / "llm"

@@ -1,6 +1,6 @@
 """Generate the LLM kernel dataset: definitions plus seeded serving-trace workloads with safetensors blobs.
 
-    python -m fibray.dataset.generate --out datasets/llm --set cpu_small|gpu --seed 0
+    python -m fibray.generate --out datasets/llm --set cpu_small|gpu --seed 0
 
 The same command writes the same bytes. Structured inputs (page tables, offsets, routing,
 probabilities) are stored as blobs beside the JSONL; dense tensors stay `random`. Workloads
@@ -24,8 +24,8 @@ from typing import Callable, Iterable, Optional, Sequence
 import numpy as np
 import torch
 
-from fibray.dataset import _serving_trace as st
-from fibray.dataset._serving_defs import catalogue
+from fibray.generate import _trace as st
+from fibray.generate._defs import catalogue
 
 __all__ = ["CPU_SMALL", "Draft", "SETS", "dedup", "drafts_for", "generate", "main"]
 
@@ -336,7 +336,7 @@ def generate(out: Path, wset: str, seed: int = 0, names: Optional[Sequence[str]]
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m fibray.dataset.generate", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m fibray.generate", description=__doc__.split("\n")[0])
     parser.add_argument("--out", required=True, type=Path, help="dataset root to write (e.g. datasets/llm)")
     parser.add_argument("--set", required=True, choices=SETS, dest="wset", help="workload set")
     parser.add_argument("--seed", type=int, default=0, help="base seed (default 0)")
@@ -350,7 +350,3 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     total = sum(counts.values())
     print(f"{args.out}: {total} {args.wset} workloads for {len(counts)} definitions (seed {args.seed})")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

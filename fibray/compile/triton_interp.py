@@ -73,7 +73,7 @@ def prepare_triton() -> None:
         if "triton" in sys.modules:
             raise RuntimeError(
                 "triton was imported before fibray could select its CPU interpreter; "
-                "set TRITON_INTERPRET=1 in the environment or call fibray.build.prepare_triton() first"
+                "set TRITON_INTERPRET=1 in the environment or call fibray.compile.prepare_triton() first"
             )
         os.environ["TRITON_INTERPRET"] = "1"
     if os.environ.get("TRITON_INTERPRET") == "1":

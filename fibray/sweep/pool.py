@@ -20,15 +20,14 @@ from typing import Any, Callable, Iterable, Optional
 import ray
 from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 
+from fibray.schema.reasons import FAULT_REASONS
 from fibray.schema import Environment, Evaluation, EvaluationStatus, Job, JobResult
-from fibray.phases import now_iso
+from fibray.evaluate.phases import now_iso
 from fibray.workers.actor import SlotActor
 
 log = logging.getLogger(__name__)
 
 RemoteSlot = ray.remote(SlotActor)
-FAULT_REASONS = {"build_timeout", "run_timeout", "crashed", "killed_by_signal", "illegal_memory_access",
-                 "device_assert", "cuda_error", "executor_error", "sandbox_failed", "bad_message"}
 
 
 class WorkerStartError(RuntimeError):

@@ -27,8 +27,8 @@ from pathlib import Path
 from typing import Optional
 
 import fibray
-from fibray.workers.arena import ARENA_BYTES, Arena
-from fibray.workers.launch import NETNS_REFUSED, sandbox_argv
+from fibray.workers.process.arena import ARENA_BYTES, Arena
+from fibray.workers.process.launch import NETNS_REFUSED, sandbox_argv
 
 _ENV_ALLOW = {
     "PATH", "LANG", "LC_ALL", "LC_CTYPE", "TERM", "LD_LIBRARY_PATH", "CUDA_HOME", "CUDA_PATH",
@@ -163,7 +163,7 @@ def spawn(device: str, base_dir: Path, policy: SandboxPolicy, single_use: bool, 
     argv = [*sandbox_argv(max_open_files=limits.max_open_files, max_processes=limits.max_processes,
                           memory_limit_bytes=limits.memory_limit_bytes, cpu_seconds=limits.cpu_seconds,
                           netns=netns, uid=uid),
-            sys.executable, "-m", "fibray.workers.executor", "--fd", str(theirs.fileno()), "--device", device,
+            sys.executable, "-m", "fibray.workers.process.executor", "--fd", str(theirs.fileno()), "--device", device,
             "--workdir", str(workdir)]
     if arena is not None:
         argv += ["--arena-fd", str(arena.fd), "--arena-bytes", str(arena.size)]
@@ -171,7 +171,7 @@ def spawn(device: str, base_dir: Path, policy: SandboxPolicy, single_use: bool, 
         proc = subprocess.Popen(
             argv, env=env, cwd=workdir, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
             pass_fds=(theirs.fileno(), *([arena.fd] if arena else [])), start_new_session=True,
-        )  # no preexec_fn: the launcher applies the sandbox after exec (see fibray.workers.launch)
+        )  # no preexec_fn: the launcher applies the sandbox after exec (see fibray.workers.process.launch)
     except BaseException:
         if arena is not None:
             arena.close()

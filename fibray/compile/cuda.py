@@ -52,8 +52,8 @@ from typing import Any, Callable, Literal, Optional, Sequence
 
 from pydantic import BaseModel
 
-from fibray.build.base import BuildError, Runnable, register_builder
-from fibray.build.cache import ArtifactCache, register_compiler
+from fibray.compile.base import BuildError, Runnable, register_builder
+from fibray.compile.cache import ArtifactCache, register_compiler
 from fibray.schema import Definition, Solution
 
 __all__ = [
@@ -389,7 +389,7 @@ def _load_c_abi(solution: Solution, path: Path, symbol: str, meta: dict[str, Any
 
     def unbound(*args: Any) -> Any:
         raise CAbiArgumentError(f"c_abi solution {solution.name!r} must be bound to its definition first: "
-                                "fibray.build.bind(runnable, definition)")
+                                "fibray.compile.bind(runnable, definition)")
 
     meta.update(library=str(path), bind=bind_to)
     return Runnable(fn=unbound, destination_passing_style=True, solution_hash=solution.hash, meta=meta)

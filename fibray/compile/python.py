@@ -12,7 +12,7 @@ import sys
 import traceback
 from pathlib import Path
 
-from fibray.build.base import BuildError, Runnable, register_builder
+from fibray.compile.base import BuildError, Runnable, register_builder
 from fibray.schema import Solution
 
 
@@ -64,7 +64,7 @@ def import_entry(solution: Solution, src: Path) -> object:
 def build_python(solution: Solution, workdir: Path) -> Runnable:
     """Import a python or triton solution and return its entry callable."""
     if solution.spec.language.value == "triton":
-        from fibray.build.triton_interp import prepare_triton
+        from fibray.compile.triton_interp import prepare_triton
 
         prepare_triton()
     module = import_entry(solution, write_sources(solution, workdir))

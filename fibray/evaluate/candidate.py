@@ -16,11 +16,11 @@ from typing import Any, Optional
 
 import torch
 
-from fibray.build import BuildCache, BuildError, DeviceRequired, Runnable, bind
+from fibray.compile import BuildCache, BuildError, DeviceRequired, Runnable, bind
 from fibray.check import collect_draws, draw_plan
-from fibray.inputs import FP8_DTYPES, BlobCache, materialize, poison_, torch_dtype
+from fibray.evaluate.inputs import FP8_DTYPES, BlobCache, materialize, poison_, torch_dtype
 from fibray.schema import Definition, Job
-from fibray.phases import Phases
+from fibray.evaluate.phases import Phases
 from fibray.timing import Timing, time_calls
 from fibray.timing.timer import calls_after_warmup
 
@@ -125,8 +125,6 @@ def _raised_in_triton_frontend(chain: list[BaseException]) -> bool:
             return True
     return False
 
-
-POISONING_REASONS = {"illegal_memory_access", "device_assert", "cuda_error"}
 
 
 def _overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:

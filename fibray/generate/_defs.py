@@ -11,7 +11,7 @@ import re
 import textwrap
 from typing import Any, Optional
 
-from fibray.dataset._serving_refs import (
+from fibray.generate._refs import (
     FUSED_ADD_RMSNORM_REF, GEMM_FP8_REF, GEMM_REF, GQA_PAGED_DECODE_REF, GQA_PAGED_PREFILL_REF, GQA_RAGGED_REF,
     MLA_DECODE_REF, MOE_BF16_REF, MOE_INT8_REF, RMSNORM_REF, SAMPLING_REF,
 )

@@ -1,8 +1,8 @@
-"""`python -m fibray.workers.executor`: the sandboxed process that runs candidate code.
+"""`python -m fibray.workers.process.executor`: the sandboxed process that runs candidate code.
 
 It warms up (imports, device context), says it is ready, then answers requests from its
 supervisor until told to exit or killed. It holds no reference outputs and decides no
-verdicts; see fibray.candidate.
+verdicts; see fibray.evaluate.candidate.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ LEAK_BYTES = 256 << 20
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="fibray.workers.executor")
+    parser = argparse.ArgumentParser(prog="fibray.workers.process.executor")
     parser.add_argument("--fd", type=int, required=True)
     parser.add_argument("--device", required=True)
     parser.add_argument("--workdir", required=True)
@@ -29,17 +29,17 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     conn = Connection(args.fd)
     _exit_with(os.getppid())
-    from fibray.workers.sandbox import become_subreaper
+    from fibray.workers.process.sandbox import become_subreaper
 
     become_subreaper()  # a candidate's orphans stay below this process, where its job is charged for them
 
     import torch
 
-    from fibray.build import prepare_triton
+    from fibray.compile import prepare_triton
 
     prepare_triton()
-    from fibray.candidate import CandidateRunner, classify_exception  # captures trusted functions now
-    from fibray.workers.protocol import Arena, ChannelClosed, Reply, Request, recv, send
+    from fibray.evaluate.candidate import CandidateRunner, classify_exception  # captures trusted functions now
+    from fibray.workers.process.channel import Arena, ChannelClosed, Reply, Request, recv, send
 
     device = torch.device(args.device)
     if device.type == "cuda":

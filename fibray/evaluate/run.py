@@ -1,7 +1,7 @@
 """One honest evaluation: build, materialise inputs, reference, check, time -> Evaluation.
 
 The work is split between two roles so that they can live in different processes:
-`CandidateRunner` (fibray.candidate) runs untrusted code and reports what it produced;
+`CandidateRunner` (fibray.evaluate.candidate) runs untrusted code and reports what it produced;
 `Judge` (here) holds the reference outputs and decides the verdict. `Evaluator` puts both
 in one process, for tests and local use; the sweep's workers keep them apart. A
 candidate's failure becomes an Evaluation with a status and a reason.
@@ -9,7 +9,6 @@ candidate's failure becomes an Evaluation with a status and a reason.
 
 from __future__ import annotations
 
-import platform
 import threading
 from collections import OrderedDict
 from collections.abc import Iterator
@@ -20,15 +19,15 @@ from typing import Any, Optional
 
 import torch
 
-from fibray import __version__
-from fibray.build import build_reference, prepare_triton
-from fibray.candidate import CandidateFailure, CandidateRunner, TrialOutput, normalize_outputs
+from fibray.compile import build_reference, prepare_triton
+from fibray.evaluate.candidate import CandidateFailure, CandidateRunner, TrialOutput, normalize_outputs
 from fibray.check import CheckResult, Draws, Tolerance, checker_for, wants_draws
-from fibray.inputs import BlobCache, InputError, clone_args, materialize, torch_dtype
+from fibray.evaluate.inputs import BlobCache, InputError, clone_args, materialize, torch_dtype
 from fibray.schema import (
     Correctness, Definition, Environment, EvalSettings, Evaluation, EvaluationStatus, Job, Performance,
 )
-from fibray.phases import Phases, now_iso
+from fibray.evaluate.environment import default_device, environment
+from fibray.evaluate.phases import Phases, now_iso
 from fibray.timing import LatencyStats, Timing, time_calls
 
 Status = EvaluationStatus
@@ -41,22 +40,6 @@ def bound_log(text: str, limit: int) -> str:
     head = limit // 4
     tail = limit - head - 40
     return f"{text[:head]}\n... [{len(text) - head - tail} chars cut] ...\n{text[-tail:]}"
-
-
-def default_device() -> torch.device:
-    return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
-
-
-def environment(device: torch.device) -> Environment:
-    """Hardware name and library versions of this process."""
-    import triton
-
-    hw = torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu-{platform.machine()}"
-    libs = {"fibray": __version__, "torch": torch.__version__, "triton": triton.__version__,
-            "python": platform.python_version()}
-    if torch.version.cuda:
-        libs["cuda"] = torch.version.cuda
-    return Environment(hardware=hw, libs=libs)
 
 
 @dataclass
@@ -255,7 +238,7 @@ def run_job(job: Job, judge: Judge, calls, phases: Optional[Phases] = None, gpu=
     except SideFault:
         raise
     except Exception as e:  # the candidate failed when called again and again
-        from fibray.candidate import classify_exception
+        from fibray.evaluate.candidate import classify_exception
 
         status, reason = classify_exception(e)
         return judge.fail(status, "failed_during_timing" if reason == "exception" else reason, repr(e), s)

@@ -24,7 +24,7 @@ from typing import Any, Optional
 
 import torch
 
-from fibray.workers.arena import ARENA_BYTES, Arena
+from fibray.workers.process.arena import ARENA_BYTES, Arena
 
 __all__ = ["ARENA_BYTES", "Arena", "BadMessage", "ChannelClosed", "DeadlineExceeded", "Reply", "Request", "recv", "send"]
 
@@ -124,8 +124,8 @@ class _Pickler(pickle.Pickler):
 
 
 _TRUSTED_GLOBALS = {
-    ("fibray.workers.protocol", "Reply"), ("fibray.workers.protocol", "_tensor"),
-    ("fibray.candidate", "TrialOutput"), ("fibray.candidate", "CandidateFailure"),
+    ("fibray.workers.process.channel", "Reply"), ("fibray.workers.process.channel", "_tensor"),
+    ("fibray.evaluate.candidate", "TrialOutput"), ("fibray.evaluate.candidate", "CandidateFailure"),
     ("fibray.timing.timer", "Timing"),
 }
 """All an executor's reply may name. The executor runs candidate code, which can send anything

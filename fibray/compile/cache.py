@@ -25,7 +25,7 @@ from typing import Callable, Iterator, Literal, Optional, Protocol
 
 from pydantic import BaseModel, ConfigDict
 
-from fibray.build.base import BuildError
+from fibray.compile.base import BuildError
 from fibray.schema import Solution
 
 __all__ = [

@@ -1,4 +1,4 @@
-"""`python -m fibray.workers.launch SANDBOX -- ARGV...`: put this process in an executor's
+"""`python -m fibray.workers.process.launch SANDBOX -- ARGV...`: put this process in an executor's
 sandbox, then become the executor (exec: same pid, same inherited channel descriptors).
 
 The sandbox used to be applied by a `preexec_fn` between fork and exec in the supervisor. The
@@ -27,13 +27,13 @@ def sandbox_argv(*, max_open_files: int, max_processes: int, memory_limit_bytes:
     """The launcher's arguments before `--` and the executor's argv."""
     spec = {"nofile": max_open_files, "nproc": max_processes, "as": memory_limit_bytes, "cpu": cpu_seconds,
             "netns": netns, "uid": uid, "parent": os.getpid()}
-    return [sys.executable, "-m", "fibray.workers.launch", json.dumps(spec), "--"]
+    return [sys.executable, "-m", "fibray.workers.process.launch", json.dumps(spec), "--"]
 
 
 def apply(spec: dict) -> None:
     """Limits, a new network namespace, an unprivileged uid. (No parent-death signal: Linux sends
     it when the *thread* that started the process ends, and lanes start executors that other
-    lanes' jobs use; the executor watches its parent instead, see fibray.workers.executor.)"""
+    lanes' jobs use; the executor watches its parent instead, see fibray.workers.process.executor.)"""
     libc = ctypes.CDLL(None, use_errno=True)
     resource.setrlimit(resource.RLIMIT_NOFILE, (spec["nofile"], spec["nofile"]))
     resource.setrlimit(resource.RLIMIT_NPROC, (spec["nproc"], spec["nproc"]))
@@ -54,7 +54,7 @@ def apply(spec: dict) -> None:
 
 def main(argv: list[str]) -> None:
     if len(argv) < 3 or argv[1] != "--":
-        sys.exit("usage: python -m fibray.workers.launch SANDBOX_JSON -- ARGV...")
+        sys.exit("usage: python -m fibray.workers.process.launch SANDBOX_JSON -- ARGV...")
     apply(json.loads(argv[0]))
     os.execv(argv[2], argv[2:])
 
