@@ -1,8 +1,9 @@
 """Load and validate a FlashInfer Trace dataset folder.
 
 Layout: definitions/**.json, solutions/**.json, workloads/**.jsonl, blob/**.safetensors,
-traces/**.jsonl. Every problem is reported as a DatasetError naming the file (and line)
-and the field; loading never writes anything.
+traces/**.jsonl, and fibray's sidecar splits/**.json (workload uuid -> public|hidden|replay).
+Every problem is reported as a DatasetError naming the file (and line) and the field;
+loading never writes anything.
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ from typing import Iterable, Optional, Sequence, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from fibray.schema import Definition, SafetensorsInput, Solution, Trace, Workload
+from fibray.dataset.splits import read_splits
+from fibray.schema import Definition, SafetensorsInput, Solution, Split, Trace, Workload
 
 log = logging.getLogger(__name__)
 M = TypeVar("M", bound=BaseModel)
@@ -94,6 +96,12 @@ class Dataset:
     traces: list[Trace] = field(default_factory=list)
     origin: dict[str, str] = field(default_factory=dict)
     """'definition:NAME' / 'solution:NAME' / 'workload:UUID' -> file[:line] it came from."""
+    splits: dict[str, Split] = field(default_factory=dict)
+    """Workload uuid -> split, as the splits/ sidecar lists it (unlisted workloads are public)."""
+
+    def split_of(self, uuid: str) -> Split:
+        """The split of a workload: what splits/ says, else public."""
+        return self.splits.get(uuid, Split.PUBLIC)
 
     def solutions_for(self, definition: str) -> list[Solution]:
         """Solutions of one definition, by name."""
@@ -119,6 +127,7 @@ def load_dataset(
     workload_set: Optional[str] = None,
     max_workloads_per_definition: Optional[int] = None,
     require_blobs: bool = True,
+    split: Optional[str] = None,
 ) -> Dataset:
     """Load a dataset folder plus extra solution folders, validated and filtered.
 
@@ -128,11 +137,15 @@ def load_dataset(
     workload_set: read workloads from workloads/<workload_set>/ only.
     max_workloads_per_definition: keep the first N workloads of each definition (file order).
     require_blobs: fail when a kept workload names a safetensors blob that is not there.
+    split: keep only workloads of this split (public, hidden, replay); None or "all" keeps every one.
     """
     root = Path(root)
     if not root.is_dir():
         raise DatasetError(f"{root}: dataset root is not a directory")
     ds = Dataset(root=root)
+    if split not in (None, "all") and split not in {s.value for s in Split}:
+        raise DatasetError(f"dataset.split: must be one of all, {', '.join(s.value for s in Split)} (got {split!r})")
+    ds.splits, split_origin = read_splits(root, DatasetError)
 
     for path in _files(root / "definitions", "**/*.json"):
         d = read_json(Definition, path)
@@ -169,6 +182,12 @@ def load_dataset(
             ds.workloads.setdefault(trace.definition, []).append(trace.workload)
             ds.origin[f"workload:{trace.workload.uuid}"] = where
 
+    stray = sorted(set(ds.splits) - set(seen_uuid)) if workload_set is None else []
+    if stray:
+        log.warning("%s: %d workload uuid(s) name no workload of %s (first: %s)", split_origin[stray[0]], len(stray),
+                    root, stray[0])
+    if split not in (None, "all"):
+        ds.workloads = {k: kept for k, v in ds.workloads.items() if (kept := [w for w in v if ds.split_of(w.uuid) == split])}
     if max_workloads_per_definition is not None:
         ds.workloads = {k: v[:max_workloads_per_definition] for k, v in ds.workloads.items()}
     for name, wls in ds.workloads.items():

@@ -15,6 +15,7 @@ from pydantic import ConfigDict, Field
 from fibray.schema._base import Model
 from fibray.schema.definition import Definition
 from fibray.schema.solution import Solution
+from fibray.schema.split import Split
 from fibray.schema.trace import Evaluation
 from fibray.schema.workload import Workload
 
@@ -76,6 +77,8 @@ class Job(Model):
     """Dataset root, for safetensors paths."""
     attempt: int = 1
     """1 for the first try; higher when re-run after a lost worker."""
+    split: Split = Split.PUBLIC
+    """The workload's split in its dataset (not part of the job's identity)."""
 
     @staticmethod
     def make_id(definition: Definition, workload: Workload, solution: Solution, settings: EvalSettings) -> str:

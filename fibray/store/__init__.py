@@ -2,6 +2,11 @@
 
 from fibray.store.columns import COLUMNS, PARTITION_COLUMNS, SCHEMA, to_row
 from fibray.store.compact import CompactionResult, compact_partition, recover
+from fibray.store.promotions import (
+    PROMOTIONS_DIR, SERVING_STAGES, Gate, Outcome, PromotionLog, PromotionRecord, Stage, artifact_id,
+)
 from fibray.store.writer import StoreError, TraceStore, scan
 
-__all__ = ["COLUMNS", "CompactionResult", "compact_partition", "recover", "PARTITION_COLUMNS", "SCHEMA", "StoreError", "TraceStore", "scan", "to_row"]
+__all__ = ["COLUMNS", "PROMOTIONS_DIR", "SERVING_STAGES", "CompactionResult", "Gate", "Outcome", "PromotionLog",
+           "PromotionRecord", "Stage", "artifact_id", "compact_partition", "recover", "PARTITION_COLUMNS", "SCHEMA",
+           "StoreError", "TraceStore", "scan", "to_row"]

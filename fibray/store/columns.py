@@ -18,6 +18,7 @@ SCHEMA = pa.schema([
     ("job_id", pa.string()),
     ("op_type", pa.string()),
     ("workload_uuid", pa.string()),
+    ("split", pa.string()),             # public | hidden | replay (the dataset's splits/ sidecar)
     ("axes", pa.string()),              # JSON object: var-axis name -> value
     ("workload", pa.string()),          # JSON of the full FlashInfer Trace workload
     ("solution", pa.string()),
@@ -74,6 +75,7 @@ def to_row(job: Job, result: JobResult) -> dict[str, Any]:
         "job_id": job.job_id,
         "op_type": job.definition.op_type,
         "workload_uuid": job.workload.uuid,
+        "split": job.split.value,
         "axes": json.dumps(job.workload.axes, sort_keys=True),
         "workload": json.dumps(job.workload.to_json_dict(), sort_keys=True),
         "solution": job.solution.name,

@@ -85,7 +85,7 @@ class TraceStore:
         tables = []
         wanted = [c for c in (columns or SCHEMA.names) if c not in PARTITION_COLUMNS]
         for path in self.files(sweep=sweep):
-            t = pq.read_table(path, columns=wanted)
+            t = _read_columns(path, wanted)
             parts = dict(p.split("=", 1) for p in (path.parent.parent.name, path.parent.name))
             for col in PARTITION_COLUMNS:
                 if columns is None or col in columns:
@@ -124,6 +124,16 @@ class TraceStore:
             os.close(fd)
 
 
+def _read_columns(path: Path, wanted: list[str]) -> pa.Table:
+    """Some columns of one file, in order; a column newer than the file (e.g. `split`) reads as nulls."""
+    present = set(pq.read_schema(path).names)
+    t = pq.read_table(path, columns=[c for c in wanted if c in present])
+    for c in wanted:
+        if c not in present:
+            t = t.append_column(SCHEMA.field(c), pa.nulls(t.num_rows, SCHEMA.field(c).type))
+    return t.select(wanted)
+
+
 def scan(root: str | Path):
     """A Polars LazyFrame over every row of the store (hive partition columns as strings)."""
     import polars as pl
@@ -132,7 +142,15 @@ def scan(root: str | Path):
     if not any(root.glob("definition=*/sweep=*/*.parquet")):
         empty = pa.schema([pa.field(c, pa.string()) for c in PARTITION_COLUMNS] + list(SCHEMA)).empty_table()
         return pl.from_arrow(empty).lazy()
+    # only the partition folders: _promotions/ and other side tables are not evaluations; files
+    # written before a column existed read it as nulls
     return pl.scan_parquet(
-        f"{root}/**/*.parquet", hive_partitioning=True,
-        hive_schema={"definition": pl.String, "sweep": pl.String},
+        f"{root}/definition=*/sweep=*/*.parquet", hive_partitioning=True, schema=_polars_schema(),
+        missing_columns="insert", hive_schema={"definition": pl.String, "sweep": pl.String},
     )
+
+
+def _polars_schema():
+    import polars as pl
+
+    return pl.from_arrow(SCHEMA.empty_table()).schema

@@ -34,7 +34,12 @@ def main(raw: DictConfig) -> None:
           f"{report.recorded} evaluated in {report.wall_s:.1f}s; store {Path(cfg.store.root).resolve()}")
     if report.recorded:
         print(f"time: {report.time_breakdown()}")
-    print(format_summary(summary_rows(TraceStore(cfg.store.root), report.sweep)))
+    store = TraceStore(cfg.store.root)
+    print(format_summary(summary_rows(store, report.sweep)))
+    held_back = summary_rows(store, report.sweep, splits=("hidden", "replay"))
+    if held_back:  # stored and reported (python -m fibray.promote --report), never fed back here
+        passed, total = sum(r["passed"] for r in held_back), sum(r["total"] for r in held_back)
+        print(f"hidden/replay workloads: {total} evaluations recorded ({passed} PASSED), not shown in this summary")
 
 
 if __name__ == "__main__":

@@ -30,6 +30,8 @@ class DatasetConfig(_Strict):
     """Read workloads from workloads/<workload_set>/ only; null for all."""
     max_workloads_per_definition: Optional[int] = Field(default=None, ge=1)
     """Keep the first N workloads of each definition."""
+    split: Literal["all", "public", "hidden", "replay"] = "all"
+    """Run only workloads of this split (the dataset's splits/ sidecar; unlisted workloads are public)."""
 
 
 class SolutionsConfig(_Strict):

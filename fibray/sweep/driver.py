@@ -35,7 +35,7 @@ def make_jobs(ds: Dataset, cfg: SweepConfig) -> list[Job]:
                 jobs.append(Job(
                     job_id=Job.make_id(definition, workload, sol, cfg.eval), sweep=cfg.sweep.name,
                     definition=definition, workload=workload, solution=sol, settings=cfg.eval,
-                    dataset_root=str(ds.root.resolve()),
+                    dataset_root=str(ds.root.resolve()), split=ds.split_of(workload.uuid),
                 ))
     return jobs
 
@@ -198,7 +198,7 @@ def run_sweep(cfg: SweepConfig) -> SweepReport:
     ds = load_dataset(
         cfg.dataset.root, definitions=cfg.dataset.definitions, solution_roots=cfg.solutions.roots,
         solutions=cfg.solutions.names, workload_set=cfg.dataset.workload_set,
-        max_workloads_per_definition=cfg.dataset.max_workloads_per_definition,
+        max_workloads_per_definition=cfg.dataset.max_workloads_per_definition, split=cfg.dataset.split,
     )
     jobs = make_jobs(ds, cfg)
     store = TraceStore(cfg.store.root)
@@ -254,11 +254,18 @@ def run_sweep(cfg: SweepConfig) -> SweepReport:
         return report
 
 
-def summary_rows(store: TraceStore, sweep: str) -> list[dict]:
-    """Per (definition, solution): passed/total and geomean speedup over passed workloads."""
-    table = store.read(sweep=sweep, columns=["definition", "solution", "author", "language", "status", "speedup", "latency_ms"])
+def summary_rows(store: TraceStore, sweep: str, splits: Optional[tuple[str, ...]] = ("public",)) -> list[dict]:
+    """Per (definition, solution): passed/total and geomean speedup over passed workloads.
+
+    This is feedback (what a sweep tells the candidates' authors), so by default it counts
+    public workloads only (rows from before splits count as public); splits=None counts all.
+    """
+    table = store.read(sweep=sweep, columns=["definition", "solution", "author", "language", "status", "speedup",
+                                             "latency_ms", "split"])
     groups: dict[tuple[str, str], dict] = {}
     for r in table.to_pylist():
+        if splits is not None and (r["split"] or "public") not in splits:
+            continue
         g = groups.setdefault((r["definition"], r["solution"]), {
             "definition": r["definition"], "solution": r["solution"], "author": r["author"],
             "language": r["language"], "passed": 0, "total": 0, "_logs": [], "statuses": Counter()})
