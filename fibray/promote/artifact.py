@@ -58,10 +58,10 @@ def environment_record(hardware: str | None, libs: dict[str, str], driver: str |
 
 @functools.cache
 def _running() -> tuple[tuple[str, str | None], ...]:
-    from fibray.build import prepare_triton
+    from fibray.compile import prepare_triton
 
     prepare_triton()  # environment() imports triton; on a CPU-only host it must be the interpreter
-    from fibray.evaluate import default_device, environment
+    from fibray.evaluate.environment import default_device, environment
 
     env = environment(default_device())
     return tuple(environment_record(env.hardware, env.libs, driver_version()).items())
@@ -79,8 +79,8 @@ def environment_key(record: dict[str, str | None]) -> str:
 
 def recipe_hash(solution: Solution) -> str:
     """Hash of how the solution is built: its language's toolchain fingerprint (nvcc, flags, arch...)."""
-    import fibray.build  # noqa: F401  (registers the compilers)
-    from fibray.build.cache import compiler_for
+    import fibray.compile  # noqa: F401  (registers the compilers)
+    from fibray.compile.cache import compiler_for
 
     language = solution.spec.language.value
     compiler = compiler_for(language)
