@@ -12,6 +12,7 @@ from typing import Any, Callable, Optional, Protocol
 import torch
 
 from fibray.schema import EvaluationStatus
+from fibray.schema.reasons import Reason
 
 Status = EvaluationStatus
 
@@ -87,18 +88,18 @@ def checker_for(kind: str) -> Checker:
 def structural(out: torch.Tensor, ref: torch.Tensor, name: str) -> Optional[CheckResult]:
     """Shape, dtype and finiteness; None when all three hold."""
     if not isinstance(out, torch.Tensor):
-        return CheckResult(Status.INCORRECT_SHAPE, "not_a_tensor", f"output {name!r}: got {type(out).__name__}, expected a tensor")
+        return CheckResult(Status.INCORRECT_SHAPE, Reason.NOT_A_TENSOR, f"output {name!r}: got {type(out).__name__}, expected a tensor")
     if tuple(out.shape) != tuple(ref.shape):
-        return CheckResult(Status.INCORRECT_SHAPE, "wrong_shape", f"output {name!r}: shape {tuple(out.shape)}, expected {tuple(ref.shape)}")
+        return CheckResult(Status.INCORRECT_SHAPE, Reason.WRONG_SHAPE, f"output {name!r}: shape {tuple(out.shape)}, expected {tuple(ref.shape)}")
     if out.dtype != ref.dtype:
-        return CheckResult(Status.INCORRECT_DTYPE, "wrong_dtype", f"output {name!r}: dtype {out.dtype}, expected {ref.dtype}")
+        return CheckResult(Status.INCORRECT_DTYPE, Reason.WRONG_DTYPE, f"output {name!r}: dtype {out.dtype}, expected {ref.dtype}")
     if out.dtype.is_floating_point:
         o, r = out.float(), ref.float()
         bad = ~torch.isfinite(o) & ~((o == r) | (torch.isnan(o) & torch.isnan(r)))
         if bool(bad.any()):
             value = float("nan") if bool(torch.isnan(o[bad]).any()) else float("inf")
             return CheckResult(
-                Status.INCORRECT_NUMERICAL, "non_finite_output",
+                Status.INCORRECT_NUMERICAL, Reason.NON_FINITE_OUTPUT,
                 f"output {name!r}: {int(bad.sum())} non-finite values where the reference has none",
                 max_abs=value, max_rel=value,
             )

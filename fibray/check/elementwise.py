@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 
 from fibray.check.base import CheckResult, Status, Tolerance, error_stats, register_checker, structural
+from fibray.schema.reasons import Reason
 
 
 def _compare(outputs: list[torch.Tensor], refs: list[torch.Tensor], names: list[str], tol: Tolerance, required: float) -> CheckResult:
@@ -20,7 +21,7 @@ def _compare(outputs: list[torch.Tensor], refs: list[torch.Tensor], names: list[
         max_abs, max_rel, ratio = error_stats(out, ref, tol)
         one = CheckResult(max_abs=max_abs, max_rel=max_rel, extra={"matched_ratio": ratio})
         if ratio < required:
-            one.status, one.reason = Status.INCORRECT_NUMERICAL, "tolerance_exceeded"
+            one.status, one.reason = Status.INCORRECT_NUMERICAL, Reason.TOLERANCE_EXCEEDED
             one.message = (
                 f"output {name!r}: {ratio:.6f} of elements within atol={tol.atol} rtol={tol.rtol} "
                 f"(need {required}); max_abs={max_abs:.4g} max_rel={max_rel:.4g}"

@@ -19,6 +19,7 @@ import torch
 
 from fibray.check.base import Checker, CheckResult, Status, Tolerance, checker_for, register_checker, structural
 from fibray.schema import Definition
+from fibray.schema.reasons import Reason
 
 __all__ = ["DrawPlan", "Draws", "FilteredDistribution", "check_sampling", "collect_draws", "draw_plan",
            "filtered_distribution", "needs_draws", "tvd_bound", "wants_draws"]
@@ -203,13 +204,13 @@ def _masked(tokens: torch.Tensor, dist: FilteredDistribution) -> Optional[CheckR
     bad_range = (tokens < 0) | (tokens >= v)
     if bool(bad_range.any()):
         t = int(tokens[bad_range][0])
-        return CheckResult(Status.INCORRECT_NUMERICAL, "masked_token_sampled",
+        return CheckResult(Status.INCORRECT_NUMERICAL, Reason.MASKED_TOKEN_SAMPLED,
                            f"sampled token id {t} is outside the vocabulary [0, {v})")
     rows = torch.arange(tokens.shape[1]).expand_as(tokens)
     hit = dist.forbidden[rows, tokens]
     if bool(hit.any()):
         r, t = int(rows[hit][0]), int(tokens[hit][0])
-        return CheckResult(Status.INCORRECT_NUMERICAL, "masked_token_sampled",
+        return CheckResult(Status.INCORRECT_NUMERICAL, Reason.MASKED_TOKEN_SAMPLED,
                            f"row {r}: sampled token {t}, which the filter removes "
                            f"({int(hit.sum())} of {hit.numel()} draws were filtered-out tokens)")
     return None
@@ -234,7 +235,7 @@ def check_sampling(outputs: list[torch.Tensor], refs: list[torch.Tensor], names:
     if draws.samples is not None:
         samples = draws.samples
         if samples.dim() != 2 or samples.shape[1] != batch or samples.dtype != refs[0].dtype:
-            return CheckResult(Status.INCORRECT_SHAPE, "wrong_shape",
+            return CheckResult(Status.INCORRECT_SHAPE, Reason.WRONG_SHAPE,
                                f"repeated calls gave {tuple(samples.shape)} {samples.dtype} samples, "
                                f"expected [draws, {batch}] {refs[0].dtype}")
         tokens = torch.cat([tokens, samples.to("cpu", torch.int64)])
@@ -251,7 +252,7 @@ def check_sampling(outputs: list[torch.Tensor], refs: list[torch.Tensor], names:
     worst = int(torch.argmax(tvd - bound))
     result = CheckResult(extra={"tvd": float(tvd.max()), "tvd_bound": float(bound[worst]), "draws": total})
     if bool((tvd > bound).any()):
-        result.status, result.reason = Status.INCORRECT_NUMERICAL, "tvd_exceeded"
+        result.status, result.reason = Status.INCORRECT_NUMERICAL, Reason.TVD_EXCEEDED
         result.message = (f"row {worst}: TVD {float(tvd[worst]):.4f} between {total} draws and the exact filtered "
                           f"distribution exceeds the bound {float(bound[worst]):.4f}")
     return result

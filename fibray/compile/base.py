@@ -12,12 +12,13 @@ from pathlib import Path
 from typing import Any, Callable, Protocol
 
 from fibray.schema import Solution
+from fibray.schema.reasons import Reason
 
 
 class BuildError(Exception):
     """The solution could not be built (syntax error, import error, compiler error)."""
 
-    def __init__(self, message: str, reason: str = "build_failed") -> None:
+    def __init__(self, message: str, reason: str = Reason.BUILD_FAILED) -> None:
         super().__init__(message)
         self.reason = reason
 
@@ -58,7 +59,7 @@ def builder_for(language: str) -> Builder:
         return _BUILDERS[language]
     except KeyError:
         raise BuildError(
-            f"spec.language: no builder for {language!r} (have {sorted(_BUILDERS)})", "unsupported_language"
+            f"spec.language: no builder for {language!r} (have {sorted(_BUILDERS)})", Reason.UNSUPPORTED_LANGUAGE
         ) from None
 
 

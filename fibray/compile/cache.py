@@ -27,6 +27,7 @@ from pydantic import BaseModel, ConfigDict
 
 from fibray.compile.base import BuildError
 from fibray.schema import Solution
+from fibray.schema.reasons import Reason
 
 __all__ = [
     "ArtifactCache", "BuildLockTimeout", "CacheEntry", "CacheResult", "compile_ahead", "compiler_for",
@@ -37,7 +38,7 @@ ENTRY_FILE = "entry.json"
 """Written last inside an artifact directory; its presence means the directory is complete."""
 
 # A compile that ran out of time may only have been starved of CPU: it is reported, never cached.
-_UNCACHED_REASONS = frozenset({"compile_timeout"})
+_UNCACHED_REASONS = frozenset({Reason.COMPILE_TIMEOUT})
 
 
 class Compiler(Protocol):
@@ -109,7 +110,7 @@ class CacheResult:
     def raise_if_failed(self) -> Path:
         """The artifact directory; the cached BuildError if the compile failed."""
         if self.entry.status == "failed":
-            raise BuildError(self.entry.message, self.entry.reason or "build_failed")
+            raise BuildError(self.entry.message, self.entry.reason or Reason.BUILD_FAILED)
         return self.path
 
 
@@ -161,7 +162,7 @@ class ArtifactCache:
         found = compiler_for(solution.spec.language.value)
         if found is None:
             raise BuildError(f"spec.language: {solution.spec.language.value!r} has no ahead-of-time compiler",
-                             "unsupported_language")
+                             Reason.UNSUPPORTED_LANGUAGE)
         return found
 
     def _compile(self, solution: Solution, compiler: Compiler, fp: dict[str, str], key: str,

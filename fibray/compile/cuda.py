@@ -55,6 +55,7 @@ from pydantic import BaseModel
 from fibray.compile.base import BuildError, Runnable, register_builder
 from fibray.compile.cache import ArtifactCache, register_compiler
 from fibray.schema import Definition, Solution
+from fibray.schema.reasons import Reason
 
 __all__ = [
     "CAbiArgumentError", "CudaLaunchError", "DeviceRequired", "bind", "build_cuda", "c_abi_argtypes",
@@ -113,7 +114,7 @@ def cuda_arch() -> list[str]:
     raw = os.environ.get("FIBRAY_CUDA_ARCH", "90")
     archs = [a.strip().lower().removeprefix("sm_").removeprefix("compute_").replace(".", "") for a in raw.split(",")]
     if not archs or not all(a[:-1].isdigit() if a.endswith("a") else a.isdigit() for a in archs):
-        raise BuildError(f"FIBRAY_CUDA_ARCH: expected e.g. '90', '90a' or '80,90', got {raw!r}", "bad_cuda_arch")
+        raise BuildError(f"FIBRAY_CUDA_ARCH: expected e.g. '90', '90a' or '80,90', got {raw!r}", Reason.BAD_CUDA_ARCH)
     return archs
 
 
@@ -143,7 +144,7 @@ def _nvcc() -> str:
         return str(home / "bin" / "nvcc")
     found = shutil.which("nvcc")
     if not found:
-        raise BuildError("nvcc not found (set CUDA_HOME or put nvcc on PATH)", "nvcc_missing")
+        raise BuildError("nvcc not found (set CUDA_HOME or put nvcc on PATH)", Reason.NVCC_MISSING)
     return found
 
 
@@ -168,7 +169,7 @@ def binding_of(solution: Solution) -> str:
     if binding not in BINDINGS:
         raise BuildError(
             f"spec.binding: {binding!r} is not supported for {solution.spec.language.value} solutions "
-            f"(supported: {', '.join(BINDINGS)}; None means torch)", "unsupported_binding")
+            f"(supported: {', '.join(BINDINGS)}; None means torch)", Reason.UNSUPPORTED_BINDING)
     return binding
 
 
@@ -200,7 +201,7 @@ def compile_solution(solution: Solution, outdir: Path, timeout_s: float = 600.0)
     entry = Path(solution.entry_file)
     if entry.suffix not in COMPILED_SUFFIXES:
         raise BuildError(f"spec.entry_point: {solution.entry_file!r} is not a {'/'.join(COMPILED_SUFFIXES)} file",
-                         "bad_entry_point")
+                         Reason.BAD_ENTRY_POINT)
     src = outdir / "src"
     for f in solution.sources:
         target = src / f.path
@@ -210,7 +211,7 @@ def compile_solution(solution: Solution, outdir: Path, timeout_s: float = 600.0)
     if binding == "c_abi":
         if not solution.spec.destination_passing_style:
             raise BuildError("spec.destination_passing_style: c_abi solutions are always destination-passing",
-                             "bad_spec")
+                             Reason.BAD_SPEC)
         artifact = _compile_c_abi(sources, src, outdir, solution.entry_symbol, timeout_s)
     else:
         artifact = _compile_torch(solution, sources, src, outdir, timeout_s)
@@ -235,7 +236,7 @@ def _compile_c_abi(sources: list[Path], src: Path, outdir: Path, entry: str, tim
     exports = _exports(outdir, [entry, "fibray_cabi_set_device", "fibray_cabi_last_error"])
     cmd = [_nvcc(), "-shared", "-Xcompiler", "-fPIC", "-O3", "-std=c++17", *gencode_flags(), f"-I{src}",
            *map(str, sources), str(support), "-Xlinker", f"--version-script={exports}", "-o", str(outdir / "lib.so")]
-    run_compiler(cmd, outdir, timeout_s, "nvcc_error")
+    run_compiler(cmd, outdir, timeout_s, Reason.NVCC_ERROR)
     return CudaArtifact(binding="c_abi", mode="full", library="lib.so")
 
 
@@ -274,13 +275,13 @@ def _compile_torch(solution: Solution, sources: list[Path], src: Path, outdir: P
         if source.suffix == ".cu":
             cmd = [_nvcc(), *common, *ce.COMMON_NVCC_FLAGS, *gencode_flags(), "--compiler-options", "-fPIC",
                    "-O3", "-std=c++20", "-c", str(source), "-o", str(obj)]
-            run_compiler(cmd, outdir, timeout_s, "nvcc_error")
+            run_compiler(cmd, outdir, timeout_s, Reason.NVCC_ERROR)
         elif full:
             run_compiler([host_compiler(), *common, "-fPIC", "-O3", "-std=c++20", "-c", str(source), "-o", str(obj)], outdir,
-                 timeout_s, "cxx_error")
+                 timeout_s, Reason.CXX_ERROR)
         else:  # nothing will be linked: a syntax check finds the errors at a fraction of the cost
             run_compiler([host_compiler(), *common, "-fPIC", "-std=c++20", "-fsyntax-only", str(source)], outdir, timeout_s,
-                 "cxx_error")
+                 Reason.CXX_ERROR)
             continue
         objects.append(str(obj))
     if not full:
@@ -292,7 +293,7 @@ def _compile_torch(solution: Solution, sources: list[Path], src: Path, outdir: P
     exports = _exports(outdir, [f"PyInit_{module}"])
     run_compiler([host_compiler(), *objects, "-shared", f"-Wl,--version-script={exports}", f"-L{ce.TORCH_LIB_PATH}", *libs, *cuda_libs,
           "-o", str(outdir / library)],
-         outdir, timeout_s, "link_error")
+         outdir, timeout_s, Reason.LINK_ERROR)
     return CudaArtifact(binding="torch", mode="full", library=library, module=module, needs_cuda=with_cuda)
 
 
@@ -309,7 +310,7 @@ def run_compiler(cmd: Sequence[str], cwd: Path, timeout_s: float, reason: str) -
         os.killpg(proc.pid, signal.SIGKILL)
         out, _ = proc.communicate()
         raise BuildError(f"{Path(cmd[0]).name} did not finish within {timeout_s:.0f}s\n{_bound(out)}",
-                         "compile_timeout") from None
+                         Reason.COMPILE_TIMEOUT) from None
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
@@ -349,12 +350,12 @@ def load_artifact(solution: Solution, folder: Path) -> Runnable:
         try:
             spec.loader.exec_module(module)
         except ImportError as e:
-            raise BuildError(f"cannot import the built extension {artifact.library}: {e}", "load_error") from None
+            raise BuildError(f"cannot import the built extension {artifact.library}: {e}", Reason.LOAD_ERROR) from None
         sys.modules[artifact.module] = module
     fn = getattr(module, symbol, None)
     if not callable(fn):
         raise BuildError(f"spec.entry_point: {solution.spec.entry_point!r}: the extension exports no {symbol!r} "
-                         f"(exports: {sorted(n for n in dir(module) if not n.startswith('_'))})", "missing_entry_symbol")
+                         f"(exports: {sorted(n for n in dir(module) if not n.startswith('_'))})", Reason.MISSING_ENTRY_SYMBOL)
     if artifact.needs_cuda and not torch.cuda.is_available():
         fn = _device_required(solution, "no CUDA device is available")
     return Runnable(fn=fn, destination_passing_style=solution.spec.destination_passing_style,
@@ -372,12 +373,12 @@ def _load_c_abi(solution: Solution, path: Path, symbol: str, meta: dict[str, Any
     try:
         lib = ctypes.CDLL(str(path), mode=os.RTLD_LOCAL | os.RTLD_NOW)
     except OSError as e:
-        raise BuildError(f"cannot load {path.name}: {e}", "load_error") from None
+        raise BuildError(f"cannot load {path.name}: {e}", Reason.LOAD_ERROR) from None
     try:
         lib[symbol]
     except AttributeError:
         raise BuildError(f"spec.entry_point: {solution.spec.entry_point!r}: the library exports no extern \"C\" "
-                         f"symbol {symbol!r}", "missing_entry_symbol") from None
+                         f"symbol {symbol!r}", Reason.MISSING_ENTRY_SYMBOL) from None
     bound: dict[str, Runnable] = {}
 
     def bind_to(definition: Definition) -> Runnable:

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from fibray.compile.base import BuildError, Runnable, register_builder
 from fibray.schema import Solution
+from fibray.schema.reasons import Reason
 
 
 def write_sources(solution: Solution, workdir: Path) -> Path:
@@ -37,7 +38,7 @@ def import_entry(solution: Solution, src: Path) -> object:
         init.write_text("", encoding="utf-8")
     entry = Path(solution.entry_file)
     if entry.suffix != ".py":
-        raise BuildError(f"spec.entry_point: {solution.entry_file!r} is not a .py file", "bad_entry_point")
+        raise BuildError(f"spec.entry_point: {solution.entry_file!r} is not a .py file", Reason.BAD_ENTRY_POINT)
     modname = ".".join((pkg, *entry.with_suffix("").parts))
     before = set(sys.modules)
     sys.path.insert(0, str(src))  # lets sibling files import each other by plain name
@@ -50,7 +51,7 @@ def import_entry(solution: Solution, src: Path) -> object:
         return importlib.import_module(modname)
     except BaseException as e:  # a candidate may raise anything at import, SystemExit included
         sys.modules.pop(pkg, None)
-        kind = "syntax_error" if isinstance(e, SyntaxError) else "import_error"
+        kind = Reason.SYNTAX_ERROR if isinstance(e, SyntaxError) else Reason.IMPORT_ERROR
         raise BuildError("".join(traceback.format_exception(e)), kind) from None
     finally:
         sys.path.remove(str(src))
@@ -72,7 +73,7 @@ def build_python(solution: Solution, workdir: Path) -> Runnable:
     if not callable(fn):
         raise BuildError(
             f"spec.entry_point: {solution.spec.entry_point!r}: symbol {solution.entry_symbol!r} "
-            f"is missing or not callable", "missing_entry_symbol",
+            f"is missing or not callable", Reason.MISSING_ENTRY_SYMBOL,
         )
     return Runnable(fn=fn, destination_passing_style=solution.spec.destination_passing_style, solution_hash=solution.hash)
 

@@ -23,6 +23,7 @@ from fibray.schema import Definition, Job
 from fibray.evaluate.phases import Phases
 from fibray.timing import Timing, time_calls
 from fibray.timing.timer import calls_after_warmup
+from fibray.schema.reasons import Reason
 
 _equal = torch.equal
 _clone = torch.Tensor.clone
@@ -87,13 +88,13 @@ def _bumps(arg_sets: list[list[Any]], calls: int) -> list[list[tuple[list[torch.
 def classify_exception(e: BaseException) -> tuple[str, str]:
     """(status, reason) for an exception a candidate raised."""
     if _isinstance(e, SystemExit):
-        return "RUNTIME_ERROR", "system_exit"
+        return "RUNTIME_ERROR", Reason.SYSTEM_EXIT
     if _isinstance(e, KeyboardInterrupt):
-        return "RUNTIME_ERROR", "keyboard_interrupt"
+        return "RUNTIME_ERROR", Reason.KEYBOARD_INTERRUPT
     if _isinstance(e, (MemoryError, torch.cuda.OutOfMemoryError)):
-        return "RUNTIME_ERROR", "out_of_memory"
+        return "RUNTIME_ERROR", Reason.OUT_OF_MEMORY
     if _isinstance(e, DeviceRequired):
-        return "RUNTIME_ERROR", "device_required"
+        return "RUNTIME_ERROR", Reason.DEVICE_REQUIRED
     chain, cur = [], e
     while cur is not None and len(chain) < 8:
         chain.append(cur)
@@ -101,16 +102,16 @@ def classify_exception(e: BaseException) -> tuple[str, str]:
     names = {type(x).__name__ for x in chain}
     text = " ".join(str(x) for x in chain).lower()
     if "CompilationError" in names or _raised_in_triton_frontend(chain):
-        return "COMPILE_ERROR", "triton_compile_error"
+        return "COMPILE_ERROR", Reason.TRITON_COMPILE_ERROR
     if "out of memory" in text or "can't allocate memory" in text or "cannot allocate memory" in text:
-        return "RUNTIME_ERROR", "out_of_memory"
+        return "RUNTIME_ERROR", Reason.OUT_OF_MEMORY
     if "illegal memory access" in text or "misaligned address" in text:
-        return "RUNTIME_ERROR", "illegal_memory_access"
+        return "RUNTIME_ERROR", Reason.ILLEGAL_MEMORY_ACCESS
     if "device-side assert" in text:
-        return "RUNTIME_ERROR", "device_assert"
+        return "RUNTIME_ERROR", Reason.DEVICE_ASSERT
     if "cuda error" in text or "acceleratorerror" in text.replace(" ", ""):
-        return "RUNTIME_ERROR", "cuda_error"
-    return "RUNTIME_ERROR", "exception"
+        return "RUNTIME_ERROR", Reason.CUDA_ERROR
+    return "RUNTIME_ERROR", Reason.EXCEPTION
 
 
 def _raised_in_triton_frontend(chain: list[BaseException]) -> bool:
@@ -230,7 +231,7 @@ class CandidateRunner:
                 if self.device.type == "cuda":
                     _sync(self.device)
         except WrongOutputs as e:
-            return TrialOutput(failure=CandidateFailure("INCORRECT_SHAPE", "wrong_output_count", str(e)))
+            return TrialOutput(failure=CandidateFailure("INCORRECT_SHAPE", Reason.WRONG_OUTPUT_COUNT, str(e)))
         except BaseException as e:  # the candidate may raise anything, SystemExit included
             status, reason = classify_exception(e)
             return TrialOutput(failure=CandidateFailure(status, reason, _format_exc(e)))
@@ -241,20 +242,20 @@ class CandidateRunner:
                 before: list[tuple[int, torch.Tensor]]) -> TrialOutput:
         """Facts about a call that returned: guard bytes intact, no output aliasing an input, inputs unchanged."""
         if guarded is not None and not guarded.intact():
-            return TrialOutput(failure=CandidateFailure("INCORRECT_NUMERICAL", "out_of_bounds_write",
+            return TrialOutput(failure=CandidateFailure("INCORRECT_NUMERICAL", Reason.OUT_OF_BOUNDS_WRITE,
                                                         "bytes around an output buffer were overwritten"))
         names = list(job.definition.outputs)
         for name, out in zip(names, outputs):
             if _isinstance(out, torch.Tensor) and out.numel() and any(
                 _isinstance(a, torch.Tensor) and a.numel() and _overlaps(out, a) for a in args
             ):
-                return TrialOutput(failure=CandidateFailure("INCORRECT_NUMERICAL", "output_aliases_input",
+                return TrialOutput(failure=CandidateFailure("INCORRECT_NUMERICAL", Reason.OUTPUT_ALIASES_INPUT,
                                                             f"output {name!r} shares memory with an input"))
         inputs = list(job.definition.inputs)
         for i, copy in before:
             after = args[i]
             if not _isinstance(after, torch.Tensor) or after.shape != copy.shape or not _equal(after, copy):
-                return TrialOutput(failure=CandidateFailure("INCORRECT_NUMERICAL", "mutated_inputs",
+                return TrialOutput(failure=CandidateFailure("INCORRECT_NUMERICAL", Reason.MUTATED_INPUTS,
                                                             f"input {inputs[i]!r} was modified by the call"))
         return TrialOutput(outputs=list(outputs))
 

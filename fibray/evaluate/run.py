@@ -29,6 +29,7 @@ from fibray.schema import (
 from fibray.evaluate.environment import default_device, environment
 from fibray.evaluate.phases import Phases, now_iso
 from fibray.timing import LatencyStats, Timing, time_calls
+from fibray.schema.reasons import Reason
 
 Status = EvaluationStatus
 
@@ -170,7 +171,7 @@ class Judge:
         return Evaluation(status=Status.PASSED, correctness=corr, performance=perf, environment=self.env, timestamp=now_iso())
 
     def failed(self, job: Job, verdict: CheckResult) -> Evaluation:
-        return self.fail(verdict.status, verdict.reason or "failed", verdict.message, job.settings, metrics=verdict)
+        return self.fail(verdict.status, verdict.reason or Reason.FAILED, verdict.message, job.settings, metrics=verdict)
 
 
 class Evaluator:
@@ -216,12 +217,12 @@ def run_job(job: Job, judge: Judge, calls, phases: Optional[Phases] = None, gpu=
     with gpu.hold(phase, "build"):
         err = calls.build(job)
     if err is not None:
-        return judge.fail(Status.COMPILE_ERROR, getattr(err, "reason", "build_failed"), str(err), s)
+        return judge.fail(Status.COMPILE_ERROR, getattr(err, "reason", Reason.BUILD_FAILED), str(err), s)
     try:
         with gpu.hold(phase, "inputs_reference"):
             state = judge.state(job)
     except InputError as e:
-        return judge.fail(Status.RUNTIME_ERROR, "bad_workload_input", str(e), s)
+        return judge.fail(Status.RUNTIME_ERROR, Reason.BAD_WORKLOAD_INPUT, str(e), s)
     verdict = CheckResult()
     for trial in range(s.trials):
         with gpu.hold(phase, "trials"):
@@ -241,12 +242,12 @@ def run_job(job: Job, judge: Judge, calls, phases: Optional[Phases] = None, gpu=
         from fibray.evaluate.candidate import classify_exception
 
         status, reason = classify_exception(e)
-        return judge.fail(status, "failed_during_timing" if reason == "exception" else reason, repr(e), s)
+        return judge.fail(status, Reason.FAILED_DURING_TIMING if reason == Reason.EXCEPTION else reason, repr(e), s)
     with gpu.hold(phase, "recheck"):
         again = judge.check(job, state, s.trials, calls.recheck(job))
     if not again.ok:
-        if again.reason == "tolerance_exceeded":
-            again.reason = "stale_output"
+        if again.reason == Reason.TOLERANCE_EXCEEDED:
+            again.reason = Reason.STALE_OUTPUT
             again.message = "a call on new values in a reused buffer returned a wrong answer: " + again.message
         return judge.failed(job, again)
     with gpu.hold(phase, "reference_timing", exclusive=True):

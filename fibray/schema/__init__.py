@@ -5,6 +5,7 @@ This package imports nothing else from fibray.
 
 from fibray.schema.definition import AxisConst, AxisVar, CheckSpec, Definition, DType, TensorSpec
 from fibray.schema.job import EvalSettings, Job, JobResult, content_hash
+from fibray.schema.reasons import Reason
 from fibray.schema.split import Split
 from fibray.schema.solution import BuildSpec, Language, Solution, SourceFile
 from fibray.schema.trace import (
@@ -20,6 +21,6 @@ from fibray.schema.workload import InputSpec, RandomInput, SafetensorsInput, Sca
 __all__ = [
     "AxisConst", "AxisVar", "BuildSpec", "CheckSpec", "Correctness", "DType", "Definition",
     "Environment", "EvalSettings", "Evaluation", "Job", "JobResult", "content_hash", "EvaluationStatus", "InputSpec", "Language", "Performance",
-    "RandomInput", "SafetensorsInput", "ScalarInput", "Solution", "SourceFile", "Split", "TensorSpec",
+    "RandomInput", "Reason", "SafetensorsInput", "ScalarInput", "Solution", "SourceFile", "Split", "TensorSpec",
     "Trace", "Workload",
 ]

@@ -20,7 +20,7 @@ from typing import Any, Callable, Iterable, Optional
 import ray
 from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 
-from fibray.schema.reasons import FAULT_REASONS
+from fibray.schema.reasons import FAULT_REASONS, Reason
 from fibray.schema import Environment, Evaluation, EvaluationStatus, Job, JobResult
 from fibray.evaluate.phases import now_iso
 from fibray.workers.actor import SlotActor
@@ -203,7 +203,7 @@ class WorkerPool:
     def _requeue(self, job: Job, groups, why: str, slot: Slot, on_result=None) -> None:
         if job.attempt >= self.opt.max_attempts:
             if on_result is not None:
-                on_result(job, self._verdict(slot, job, EvaluationStatus.RUNTIME_ERROR, "worker_lost",
+                on_result(job, self._verdict(slot, job, EvaluationStatus.RUNTIME_ERROR, Reason.WORKER_LOST,
                                              f"worker lost {job.attempt} times ({why}); giving up"))
             return
         retry = job.model_copy(update={"attempt": job.attempt + 1})
@@ -265,7 +265,7 @@ class WorkerPool:
 
     def _quarantine_verdict(self, slot: Slot, job: Job) -> JobResult:
         status = self.quarantined[job.solution.hash]
-        return self._verdict(slot, job, status, "quarantined",
+        return self._verdict(slot, job, status, Reason.QUARANTINED,
                              f"solution quarantined after {self.faults[job.solution.hash]} faults; not run")
 
     def _verdict(self, slot: Slot, job: Job, status: EvaluationStatus, reason: str, log_text: str) -> JobResult:

@@ -21,7 +21,7 @@ import torch
 
 from fibray.compile import BuildError, prepare_triton
 from fibray.evaluate.candidate import TrialOutput
-from fibray.schema.reasons import POISONING_REASONS
+from fibray.schema.reasons import POISONING_REASONS, Reason
 from fibray.evaluate.environment import default_device, environment
 from fibray.evaluate.phases import now_iso
 from fibray.evaluate.run import Judge, SideFault, bound_log, run_job
@@ -67,10 +67,10 @@ class _RemoteCalls:
             return reply
         except DeadlineExceeded:
             limit = self.job.settings.build_deadline_s if phase == "build" else self.job.settings.run_deadline_s
-            raise ExecutorFault(Status.TIMEOUT, f"{phase}_timeout",
+            raise ExecutorFault(Status.TIMEOUT, Reason.BUILD_TIMEOUT if phase == "build" else Reason.RUN_TIMEOUT,
                                 f"{phase} did not finish within its deadline of {limit}s; executor killed") from None
         except BadMessage as e:
-            raise ExecutorFault(Status.RUNTIME_ERROR, "bad_message",
+            raise ExecutorFault(Status.RUNTIME_ERROR, Reason.BAD_MESSAGE,
                                 f"the executor's reply during {phase} was not a well-formed reply ({e}); executor killed") from None
         except ChannelClosed:
             try:
@@ -78,8 +78,8 @@ class _RemoteCalls:
             except Exception:  # still alive after closing its channel: it is killed by the caller
                 pass
             reason, detail = self.ex.exit_reason()
-            if reason == "alive":
-                reason, detail = "crashed", "executor closed its channel"
+            if reason is None:  # still alive
+                reason, detail = Reason.CRASHED, "executor closed its channel"
             raise ExecutorFault(Status.RUNTIME_ERROR, reason, f"{detail} during {phase}\n{self.ex.output_tail()}") from None
 
     def _run(self, req: Request) -> Reply:
@@ -91,12 +91,12 @@ class _RemoteCalls:
 
     def build(self, job: Job) -> Optional[BuildError]:
         reply = self._ask(Request("build", job), time.monotonic() + job.settings.build_deadline_s, "build")
-        return None if reply.ok else BuildError(reply.error, reply.reason or "build_failed")
+        return None if reply.ok else BuildError(reply.error, reply.reason or Reason.BUILD_FAILED)
 
     def _trial_like(self, op: str, job: Job, trial: int = 0) -> TrialOutput:
         reply = self._run(Request(op, job, trial))
         if not reply.ok:
-            raise ExecutorFault(Status.RUNTIME_ERROR, "executor_error", reply.error)
+            raise ExecutorFault(Status.RUNTIME_ERROR, Reason.EXECUTOR_ERROR, reply.error)
         out: TrialOutput = reply.value
         if out.failure is not None and out.failure.reason in POISONING_REASONS:
             raise ExecutorFault(Status(out.failure.status), out.failure.reason, out.failure.log)
@@ -403,7 +403,7 @@ class GpuSlot:
                 self.counters["strays_killed"] += len(left)
         if strays or left:
             if evaluation.status == Status.PASSED:
-                evaluation = self.judge.fail(Status.RUNTIME_ERROR, "left_child_process",
+                evaluation = self.judge.fail(Status.RUNTIME_ERROR, Reason.LEFT_CHILD_PROCESS,
                                              f"the candidate left {len(set(strays) | set(left))} process(es) running; killed",
                                              job.settings)
         return JobResult(job_id=job.job_id, evaluation=evaluation, worker=self.name, isolation=isolation,
@@ -419,7 +419,7 @@ class GpuSlot:
             sandbox.kill_executor(ex)  # hung or broken: down at once, whole tree
             return None, f
         except _CandidateTimingError as e:
-            reason = "failed_during_timing" if e.reason == "exception" else e.reason
+            reason = Reason.FAILED_DURING_TIMING if e.reason == Reason.EXCEPTION else e.reason
             evaluation = self.judge.fail(e.status or "RUNTIME_ERROR", reason, e.log, job.settings)
         try:
             with phase("finish"):

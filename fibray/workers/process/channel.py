@@ -126,7 +126,7 @@ class _Pickler(pickle.Pickler):
 _TRUSTED_GLOBALS = {
     ("fibray.workers.process.channel", "Reply"), ("fibray.workers.process.channel", "_tensor"),
     ("fibray.evaluate.candidate", "TrialOutput"), ("fibray.evaluate.candidate", "CandidateFailure"),
-    ("fibray.timing.timer", "Timing"),
+    ("fibray.timing.timer", "Timing"), ("fibray.schema.reasons", "Reason"),
 }
 """All an executor's reply may name. The executor runs candidate code, which can send anything
 down the channel: unpickling any other global in the supervisor would run the candidate's code there."""

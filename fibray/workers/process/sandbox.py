@@ -29,6 +29,7 @@ from typing import Optional
 import fibray
 from fibray.workers.process.arena import ARENA_BYTES, Arena
 from fibray.workers.process.launch import NETNS_REFUSED, sandbox_argv
+from fibray.schema.reasons import Reason
 
 _ENV_ALLOW = {
     "PATH", "LANG", "LC_ALL", "LC_CTYPE", "TERM", "LD_LIBRARY_PATH", "CUDA_HOME", "CUDA_PATH",
@@ -117,17 +118,17 @@ class Executor:
     def alive(self) -> bool:
         return self.proc.poll() is None
 
-    def exit_reason(self) -> tuple[str, str]:
-        """(reason, detail) once the process has ended."""
+    def exit_reason(self) -> tuple[Optional[Reason], str]:
+        """(reason, detail) once the process has ended; (None, "") while it runs."""
         code = self.proc.poll()
         if code is None:
-            return "alive", ""
+            return None, ""
         if code < 0:
             name = signal.Signals(-code).name if -code in signal.Signals._value2member_map_ else str(-code)
-            return "killed_by_signal", f"executor killed by {name}"
+            return Reason.KILLED_BY_SIGNAL, f"executor killed by {name}"
         if code == NETNS_REFUSED:
-            return "sandbox_failed", "network namespace could not be created"
-        return "crashed", f"executor exited with status {code}"
+            return Reason.SANDBOX_FAILED, "network namespace could not be created"
+        return Reason.CRASHED, f"executor exited with status {code}"
 
 
 def _drain(ex: Executor) -> None:
