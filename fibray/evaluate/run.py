@@ -30,6 +30,7 @@ from fibray.evaluate.environment import default_device, environment
 from fibray.evaluate.phases import Phases, now_iso
 from fibray.timing import LatencyStats, Timing, time_calls
 from fibray.schema.reasons import Reason
+from fibray.timing.bound import BoundBroken, Overhead, bounded_time
 
 Status = EvaluationStatus
 
@@ -207,10 +208,12 @@ class _OwnGpu:
             yield
 
 
-def run_job(job: Job, judge: Judge, calls, phases: Optional[Phases] = None, gpu=None) -> Evaluation:
+def run_job(job: Job, judge: Judge, calls, phases: Optional[Phases] = None, gpu=None,
+            overhead: Optional[Overhead] = None) -> Evaluation:
     """The evaluation protocol, against any candidate side with build/trial/prepare_time/time/recheck
     (a CandidateRunner in this process, or a slot's channel to an executor). `gpu` (a slot's
-    GpuLock) lets jobs share the GPU except while one of them is timed."""
+    GpuLock) lets jobs share the GPU except while one of them is timed. `overhead` (the slot's
+    calibration) bounds the reported latency from below by this process's clock around the timing."""
     s = job.settings
     phase = phases if phases is not None else Phases()  # build, inputs_reference, trials, check, timing, ...
     gpu = gpu if gpu is not None else _OwnGpu()
@@ -235,9 +238,11 @@ def run_job(job: Job, judge: Judge, calls, phases: Optional[Phases] = None, gpu=
         with gpu.hold(phase, "timing_prep"):
             calls.prepare_time(job)
         with gpu.hold(phase, "timing", exclusive=True):
-            timing = calls.time(job)
+            timing = bounded_time(lambda: calls.time(job), s, overhead, judge.device.type)
     except SideFault:
         raise
+    except BoundBroken as e:  # the report contradicts what this process saw: a lie about latency
+        return judge.fail(Status.RUNTIME_ERROR, e.reason, e.message, s)
     except Exception as e:  # the candidate failed when called again and again
         from fibray.evaluate.candidate import classify_exception
 

@@ -78,6 +78,12 @@ class Reason(StrEnum):
     LEFT_CHILD_PROCESS = "left_child_process"
     """The candidate left processes running after its job; they were killed."""
 
+    # -- the timing, bounded by the supervisor (RUNTIME_ERROR) --------------------------------
+    TIMING_BELOW_OBSERVED = "timing_below_observed"
+    """The reported latency cannot explain the wall the supervisor's clock saw around the timing."""
+    BAD_TIMING_REPORT = "bad_timing_report"
+    """The executor's timing report was not a list of finite, non-negative latencies of the calls made."""
+
     # -- the answer (INCORRECT_SHAPE, INCORRECT_DTYPE, INCORRECT_NUMERICAL) -------------------
     WRONG_OUTPUT_COUNT = "wrong_output_count"
     """The call returned more or fewer outputs than the definition has."""

@@ -26,8 +26,9 @@ from fibray.evaluate.environment import default_device, environment
 from fibray.evaluate.phases import now_iso
 from fibray.evaluate.run import Judge, SideFault, bound_log, run_job
 from fibray.evaluate.phases import Phases
-from fibray.schema import Evaluation, EvaluationStatus, Job, JobResult
+from fibray.schema import EvalSettings, Evaluation, EvaluationStatus, Job, JobResult
 from fibray.timing import Timing
+from fibray.timing.bound import Overhead, calibrate, calibration_job
 from fibray.workers.process import sandbox
 from fibray.workers.start import SlotStart
 from fibray.workers.process.executor import LEAK_BYTES
@@ -45,6 +46,9 @@ class ExecutorFault(SideFault):
         super().__init__(f"{reason}: {log[:200]}")
         self.status, self.reason, self.log = status, reason, log
 
+
+_LYING_REASONS = frozenset({Reason.TIMING_BELOW_OBSERVED, Reason.BAD_TIMING_REPORT})
+"""Verdicts that prove the executor's own code was rebound: it serves no further job."""
 
 _PHASE_OF = {"trial": "trials", "time": "timing", "prepare_time": "timing_prep"}
 """run_job's phase for an executor request, where the names differ; the executor's own share goes under it."""
@@ -226,6 +230,9 @@ class GpuSlot:
             torch.zeros(1, device=self.device)
         self.env = environment(self.device)
         self.judge = Judge(self.base / "judge", self.device, self.env)
+        self.overheads: dict[tuple, Overhead] = {}
+        """The timing bound's calibration per timing mode (fibray.timing.bound), made on pristine executors."""
+        self._calibrating = threading.Lock()
 
     @property
     def active(self) -> sandbox.Executor:
@@ -339,9 +346,39 @@ class GpuSlot:
         for ex in list(self.persistent):
             self._ready(ex)
         ex = self.active
+        self._overhead_for(EvalSettings(), ex)  # on the first lane's executor, before it serves any job
         return {"name": self.name, "pid": os.getpid(), "device": str(self.device), "lanes": self.lanes,
                 "environment": self.env.model_dump(mode="json"),
                 "network_isolated": ex.network_isolated, "privileges_dropped": ex.privileges_dropped}
+
+    def _calibration_key(self, s: EvalSettings) -> tuple:
+        return (s.flush_l2, s.sync_device) if self.device.type == "cuda" else ()
+
+    def _overhead_for(self, s: EvalSettings, pristine: Optional[sandbox.Executor] = None) -> Overhead:
+        """The per-slot timing overhead for this timing mode, calibrated once on an executor no
+        candidate has used (`pristine`, or a single-use one retired after)."""
+        key = self._calibration_key(s)
+        with self._calibrating:
+            if key in self.overheads:
+                return self.overheads[key]
+            ex = pristine if pristine is not None else self._take_fresh()
+            try:
+                first = calibration_job(s, 1)
+                calls = _RemoteCalls(ex, first, Phases())
+
+                def finish(job: Job) -> None:
+                    send(ex.conn, Request("finish", job))
+                    recv(ex.conn, time.monotonic() + _HEALTH_DEADLINE_S, ex.arena)
+
+                with self.gpu.hold(Phases(), "calibration", exclusive=True):
+                    self.overheads[key] = calibrate(calls, s, self.device.type, finish)
+            finally:
+                if pristine is None:
+                    with self._lock:
+                        sandbox.retire(ex)
+                        if ex in self.in_use:
+                            self.in_use.remove(ex)
+            return self.overheads[key]
 
     def stats(self) -> dict:
         with self._lock:
@@ -388,7 +425,9 @@ class GpuSlot:
             if fault is not None:
                 evaluation = self._fault_verdict(job, fault, ex)
         else:
-            retire = ex.single_use or left or not self._healthy(ex, phase)
+            # a report that lied about its latency came from a process the candidate rebound
+            lied = evaluation.reason in _LYING_REASONS
+            retire = ex.single_use or left or lied or not self._healthy(ex, phase)
             if retire:
                 with phase("retire"):
                     self._discard(ex)
@@ -413,8 +452,10 @@ class GpuSlot:
 
     def _run(self, ex: sandbox.Executor, job: Job, phase: Phases) -> tuple[Optional[Evaluation], Optional[ExecutorFault]]:
         calls = _RemoteCalls(ex, job, phase)
+        with phase("calibration"):
+            overhead = self._overhead_for(job.settings)
         try:
-            evaluation = run_job(job, self.judge, calls, phase, self.gpu)
+            evaluation = run_job(job, self.judge, calls, phase, self.gpu, overhead)
         except ExecutorFault as f:
             sandbox.kill_executor(ex)  # hung or broken: down at once, whole tree
             return None, f

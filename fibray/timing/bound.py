@@ -1,0 +1,159 @@
+"""The supervisor's lower bound on a candidate's reported latency: its own clock around a timing.
+
+A timing request makes at most `max_calls` calls of the candidate; each costs at least the
+latency the executor reports plus a per-call overhead (L2 flush, events, input changes, the
+device-wide pass's synchronise) that a slot calibrates once on an honest copy kernel sent
+through the same executor path. A report whose calls, at its own median, cannot fill the wall
+the supervisor observed is a lie about latency. Runs only where candidate code never runs.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Optional, Protocol
+
+from fibray.schema import Definition, EvalSettings, Job, Solution, Workload
+from fibray.schema.reasons import Reason
+from fibray.timing.timer import Timing, device_wide_calls
+
+BOUND_FACTOR = 2.0
+"""How many times the wall a report explains (calls x (median + per-call overhead) + fixed
+overhead) the observed wall may be before the report breaks the bound. An honest timing is
+explained to within its tail (mean over median) and the calibration's noise; a report 20x
+short on a kernel that outlasts its per-call overhead is 5-10x off."""
+BOUND_SLACK_S = 0.05
+"""Seconds of wall a report may leave unexplained on top of BOUND_FACTOR: scheduler hiccups of
+a loaded host. A broken bound is retried once before it is a verdict, so one hiccup never is."""
+MAX_EXTRA_SETS = 16
+"""Most input sets a timing keeps beyond the trials (fibray.evaluate.candidate._TIMING_MAX_SETS):
+a timing makes fewer than iterations x trials + this many stream-timed calls."""
+CALIBRATION_ITERATIONS = (16, 128)
+"""Iterations of the two calibration timings: their difference gives the per-call overhead."""
+_clock = time.perf_counter
+
+
+class BoundBroken(Exception):
+    """A timing report the supervisor's observation contradicts; `reason` is its verdict's reason."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason, self.message = reason, message
+
+
+@dataclass(frozen=True)
+class Overhead:
+    """What a timing request costs the supervisor's clock beyond the calls' reported latencies."""
+
+    fixed_s: float
+    """Per request (channel round trip, plan, final synchronise), seconds, >= 0."""
+    per_call_s: float
+    """Per call (flush, events, input changes, device-wide synchronise), seconds, >= 0."""
+
+
+def max_calls(s: EvalSettings, device_type: str) -> int:
+    """The most calls a timing request makes: warm-up, stream-timed, device-wide."""
+    timed = s.iterations * s.trials + max(s.trials, MAX_EXTRA_SETS)
+    wide = device_wide_calls(timed) if device_type == "cuda" and s.sync_device else 0
+    return s.warmup + timed + wide
+
+
+def explained_s(overhead: Overhead, s: EvalSettings, median_ms: float, device_type: str) -> float:
+    """The longest wall a timing with this median can honestly take, before the margin."""
+    return overhead.fixed_s + max_calls(s, device_type) * (median_ms / 1e3 + overhead.per_call_s)
+
+
+def check_report(timing: Any, wall_s: float, s: EvalSettings, overhead: Overhead, device_type: str) -> None:
+    """Raise BoundBroken when a timing report is malformed or below what the wall shows."""
+    samples = getattr(timing, "samples_ms", None)
+    if (not isinstance(timing, Timing) or not isinstance(samples, list) or not samples
+            or len(samples) > max_calls(s, device_type)
+            or not all(isinstance(v, float) and math.isfinite(v) and v >= 0 for v in samples)):
+        raise BoundBroken(Reason.BAD_TIMING_REPORT, "the executor's timing report is not a list of finite, non-negative "
+                                               f"latencies of at most {max_calls(s, device_type)} calls")
+    median_ms = sorted(samples)[len(samples) // 2]
+    allowed = BOUND_FACTOR * explained_s(overhead, s, median_ms, device_type) + BOUND_SLACK_S
+    if wall_s > allowed:
+        raise BoundBroken(Reason.TIMING_BELOW_OBSERVED, (
+            f"reported median {median_ms:.4g} ms over at most {max_calls(s, device_type)} calls explains "
+            f"{explained_s(overhead, s, median_ms, device_type) * 1e3:.1f} ms of wall (overhead "
+            f"{overhead.fixed_s * 1e3:.2f} ms + {overhead.per_call_s * 1e6:.1f} us/call); the supervisor observed "
+            f"{wall_s * 1e3:.1f} ms (allowed {allowed * 1e3:.1f} ms: x{BOUND_FACTOR} + {BOUND_SLACK_S * 1e3:.0f} ms)"))
+
+
+def bounded_time(time_once: Callable[[], Timing], s: EvalSettings, overhead: Optional[Overhead],
+                 device_type: str) -> Timing:
+    """Time through `time_once` under the supervisor's clock; a broken bound is retried once (a
+    hiccup of the host is not a verdict), then raised. Without an overhead, no bound."""
+    for attempt in (0, 1):
+        t0 = _clock()
+        timing = time_once()
+        wall = _clock() - t0
+        if overhead is None:
+            return timing
+        try:
+            check_report(timing, wall, s, overhead, device_type)
+            return timing
+        except BoundBroken:
+            if attempt:
+                raise
+    raise AssertionError("unreachable")
+
+
+# -- calibration -------------------------------------------------------------------------------
+class TimingSide(Protocol):
+    """What calibration needs of a candidate side: run_job's calls."""
+
+    def build(self, job: Job) -> Any: ...
+    def prepare_time(self, job: Job) -> None: ...
+    def time(self, job: Job) -> Timing: ...
+
+
+_CALIBRATION_N = 256
+
+
+def calibration_job(s: EvalSettings, iterations: int) -> Job:
+    """An honest, known-cost job (a copy of 1 KiB) with the timing settings of `s`."""
+    d = Definition.model_validate({
+        "name": "fibray_timing_calibration", "op_type": "copy", "axes": {"n": {"type": "const", "value": _CALIBRATION_N}},
+        "inputs": {"x": {"shape": ["n"], "dtype": "float32"}}, "outputs": {"y": {"shape": ["n"], "dtype": "float32"}},
+        "reference": "def run(x):\n    return x.clone()\n"})
+    w = Workload.model_validate({"uuid": "fibray-timing-calibration", "axes": {}, "inputs": {"x": {"type": "random"}}})
+    sol = Solution.model_validate({
+        "name": "fibray_timing_calibration_copy", "definition": d.name, "author": "fibray",
+        "spec": {"language": "python", "target_hardware": ["cuda", "cpu"], "entry_point": "main.py::run",
+                 "destination_passing_style": True},
+        "sources": [{"path": "main.py", "content": "def run(x, y):\n    y.copy_(x)\n"}]})
+    settings = s.model_copy(update={"iterations": iterations, "trials": 1})
+    return Job(job_id=f"fibray-timing-calibration-{iterations}", sweep="_calibration", definition=d, workload=w,
+               solution=sol, settings=settings, dataset_root=".")
+
+
+def _calls_made(s: EvalSettings, device_type: str) -> int:
+    """Exactly the calls a calibration timing makes (one trial set, tiny inputs: min(iterations, 16) sets)."""
+    sets = min(s.iterations, MAX_EXTRA_SETS)
+    timed = -(-s.iterations // sets) * sets
+    return s.warmup + timed + (device_wide_calls(timed) if device_type == "cuda" and s.sync_device else 0)
+
+
+def calibrate(side: TimingSide, s: EvalSettings, device_type: str, finish: Callable[[Job], None]) -> Overhead:
+    """Fit fixed and per-call overhead from two honest timings of a copy kernel through `side`
+    (which must be pristine: no candidate has run in it)."""
+    points = []
+    for iterations in (CALIBRATION_ITERATIONS[0], *CALIBRATION_ITERATIONS):  # the first warms the timer up
+        job = calibration_job(s, iterations)
+        err = side.build(job)
+        if err is not None:
+            raise RuntimeError(f"the timing calibration kernel did not build: {err}")
+        side.prepare_time(job)
+        t0 = _clock()
+        timing = side.time(job)
+        wall = _clock() - t0
+        finish(job)
+        median_s = sorted(timing.samples_ms)[len(timing.samples_ms) // 2] / 1e3
+        points.append((_calls_made(job.settings, device_type), wall, median_s))
+    (c1, w1, m1), (c2, w2, m2) = points[1:]
+    per_call = max(0.0, (w2 - c2 * m2 - (w1 - c1 * m1)) / (c2 - c1))
+    fixed = max(0.0, w1 - c1 * (m1 + per_call))
+    return Overhead(fixed_s=fixed, per_call_s=per_call)

@@ -1,0 +1,101 @@
+"""The supervisor's clock bounds a candidate's reported latency: a timer rebound inside the
+executor to report short times is a verdict (timing_below_observed), an honest slow kernel is not."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from fibray.dataset import load_dataset
+from fibray.evaluate import now_iso
+from fibray.schema import EvalSettings, Job, Solution
+from fibray.timing import Timing
+from fibray.timing.bound import BoundBroken, Overhead, bounded_time, check_report, max_calls
+from fibray.workers.slot import GpuSlot
+from _sweep_helpers import REPO, reachable_tmpdir
+
+S = EvalSettings(warmup=1, iterations=5, trials=2)
+OVERHEAD = Overhead(fixed_s=0.002, per_call_s=20e-6)
+
+
+def test_an_honest_report_is_within_the_bound():
+    calls = S.warmup + S.iterations * S.trials
+    check_report(Timing([20.0] * 10, "wall_clock"), calls * 0.0201 + 0.002, S, OVERHEAD, "cpu")
+
+
+def test_a_report_twenty_times_short_breaks_the_bound():
+    calls = S.warmup + S.iterations * S.trials
+    with pytest.raises(BoundBroken) as e:
+        check_report(Timing([1.0] * 10, "wall_clock"), calls * 0.0201 + 0.002, S, OVERHEAD, "cpu")
+    assert e.value.reason == "timing_below_observed"
+
+
+@pytest.mark.parametrize("timing", [
+    Timing([], "wall_clock"), Timing([float("nan")] * 10, "wall_clock"), Timing([-1.0] * 10, "wall_clock"),
+    Timing([1.0] * (max_calls(S, "cpu") + 1), "wall_clock"), [1.0] * 10,
+])
+def test_a_malformed_report_is_a_bad_timing_report(timing):
+    with pytest.raises(BoundBroken) as e:
+        check_report(timing, 0.001, S, OVERHEAD, "cpu")
+    assert e.value.reason == "bad_timing_report"
+
+
+def test_a_broken_bound_is_retried_once_before_it_is_a_verdict():
+    """One host hiccup (a slow first request) is not a verdict; the second, honest, request passes."""
+    import time
+
+    waits = [0.3, 0.0]
+
+    def once() -> Timing:
+        time.sleep(waits.pop(0))
+        return Timing([0.01] * 10, "wall_clock")
+
+    assert bounded_time(once, S, OVERHEAD, "cpu").samples_ms[0] == 0.01 and not waits
+
+
+def _job(sol: Solution) -> Job:
+    ds = load_dataset(REPO / "datasets" / "core", definitions=["rmsnorm_h4096"], solution_roots=[REPO / "solutions"],
+                      solutions=["rmsnorm_h4096_torch"], workload_set="cpu_small")
+    d, w = ds.definitions["rmsnorm_h4096"], ds.workloads["rmsnorm_h4096"][0]
+    return Job(job_id=f"bound-{sol.name}", sweep="t", definition=d, workload=w, solution=sol, settings=S,
+               dataset_root=str(ds.root))
+
+
+def _candidate(name: str) -> Solution:
+    return Solution.model_validate(json.loads((REPO / "tests" / "candidates" / f"{name}.json").read_text()))
+
+
+def _honest_twin(sol: Solution) -> Solution:
+    """The offender's kernel (20 ms a call) without its rebinding."""
+    src = sol.sources[0].content
+    kernel = "import time\n\nimport torch\n" + src[src.index("\ndef run("):]
+    raw = sol.model_dump(mode="json")
+    raw["name"], raw["sources"] = "honest_slow_rmsnorm", [{"path": "main.py", "content": kernel}]
+    return Solution.model_validate(raw)
+
+
+@pytest.fixture(scope="module")
+def slot():
+    s = GpuSlot("bound", workdir=str(reachable_tmpdir("fibray-bound-")), standby=True, spare_isolated=1)
+    s.info()
+    yield s
+    s.shutdown()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["timer_rebinding", "timer_clock"])
+def test_a_rebound_timer_is_caught_by_the_supervisors_clock(slot, name):
+    sol = _candidate(name)
+    pid = slot.active.pid
+    ev = slot.evaluate(_job(sol), "persistent", now_iso()).evaluation
+    assert (ev.status.value, ev.reason) == ("RUNTIME_ERROR", "timing_below_observed"), ev.log[-800:]
+    assert ev.performance is None
+    assert slot.active.pid != pid  # the executor whose timer was rebound serves nothing else
+
+
+@pytest.mark.slow
+def test_an_honest_slow_kernel_passes_with_its_true_latency(slot):
+    ev = slot.evaluate(_job(_honest_twin(_candidate("timer_rebinding"))), "persistent", now_iso()).evaluation
+    assert ev.status.value == "PASSED", ev.log[-800:]
+    assert ev.performance.latency_ms >= 20.0
