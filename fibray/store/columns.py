@@ -6,7 +6,7 @@ Partition columns (definition, sweep) live in the directory names, not in the fi
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, Optional
 
 import pyarrow as pa
 
@@ -57,13 +57,21 @@ SCHEMA = pa.schema([
     ("started_at", pa.timestamp("us", tz="UTC")),
     ("finished_at", pa.timestamp("us", tz="UTC")),
     ("evaluation_timestamp", pa.string()),
+    # agent loop (fibray.evolve); null for sweeps
+    ("round", pa.int64()),               # the loop's round that proposed the solution (1..R)
+    ("parent", pa.string()),             # name of the solution it was derived from
+    ("generator", pa.string()),          # what proposed it: search, shell:<cmd>, callable:<module:function>
+    ("run_id", pa.string()),             # the loop's run (also its sweep partition)
 ])
+
+LOOP_COLUMNS = ("round", "parent", "generator", "run_id")
+"""The agent loop's columns: to_row takes their values as `loop`; every other writer leaves them null."""
 
 COLUMNS = [*PARTITION_COLUMNS, *SCHEMA.names]
 
 
-def to_row(job: Job, result: JobResult) -> dict[str, Any]:
-    """Flatten a finished job into one store row (partition columns included)."""
+def to_row(job: Job, result: JobResult, loop: Optional[dict[str, Any]] = None) -> dict[str, Any]:
+    """Flatten a finished job into one store row (partition columns included); `loop` fills LOOP_COLUMNS."""
     from datetime import datetime
 
     ev = result.evaluation
@@ -114,4 +122,5 @@ def to_row(job: Job, result: JobResult) -> dict[str, Any]:
         "started_at": datetime.fromisoformat(result.started_at),
         "finished_at": datetime.fromisoformat(result.finished_at),
         "evaluation_timestamp": ev.timestamp,
+        **{c: (loop or {}).get(c) for c in LOOP_COLUMNS},
     }

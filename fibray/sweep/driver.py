@@ -14,13 +14,16 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 from fibray.dataset import Dataset, load_dataset
 from fibray.schema import EvaluationStatus, Job, JobResult
 from fibray.store import TraceStore, to_row
 from fibray.sweep.config import ConfigError, SweepConfig
 from fibray.evaluate.phases import top_level
+
+if TYPE_CHECKING:
+    from fibray.sweep.pool import PoolOptions
 
 log = logging.getLogger(__name__)
 
@@ -137,7 +140,7 @@ class _Recorder:
         self._last = time.monotonic()
 
 
-def _init_ray(cfg: SweepConfig) -> tuple[int, bool]:
+def init_ray(cfg: SweepConfig) -> tuple[int, bool]:
     """Start or join Ray; returns (GPU slots to use, whether we started Ray)."""
     import ray
 
@@ -164,7 +167,7 @@ def _init_ray(cfg: SweepConfig) -> tuple[int, bool]:
     return slots, started
 
 
-def _compile_ahead(todo: list[Job], cfg: SweepConfig) -> Optional[str]:
+def compile_ahead_on_cpus(todo: list[Job], cfg: SweepConfig) -> Optional[str]:
     """Compile CUDA/C++ solutions in CPU Ray tasks before any GPU sees them; returns the shared
     artifact cache the executors should use (None: each slot keeps its own)."""
     import ray
@@ -190,9 +193,25 @@ def _compile_ahead(todo: list[Job], cfg: SweepConfig) -> Optional[str]:
     return str(cache)
 
 
+def pool_options(cfg: SweepConfig, slots: int, cpus: int, build_cache: Optional[str]) -> PoolOptions:
+    """The worker pool's options from the runner and cluster sections (sweeps and the agent loop share them)."""
+    from fibray.sweep.pool import PoolOptions
+
+    r = cfg.runner
+    return PoolOptions(
+        num_slots=slots, torch_threads=max(1, cpus // slots), start_deadline_s=cfg.cluster.start_deadline_s,
+        isolation=r.isolation, quarantine_after=r.quarantine_after, max_attempts=r.max_attempts,
+        standby=r.standby, spare_isolated=r.spare_isolated, lanes=r.lanes, workdir=r.workdir,
+        sandbox={"isolate_network": r.isolate_network, "drop_privileges": r.drop_privileges,
+                 "memory_limit_bytes": int(r.memory_limit_gb * (1 << 30)) if r.memory_limit_gb else None,
+                 "max_open_files": r.max_open_files, "max_processes": r.max_processes,
+                 "build_cache": build_cache},
+    )
+
+
 def run_sweep(cfg: SweepConfig) -> SweepReport:
     """Run (or resume) a sweep to completion and return what it did."""
-    from fibray.sweep.pool import PoolOptions, WorkerPool
+    from fibray.sweep.pool import WorkerPool
 
     t0 = time.monotonic()
     ds = load_dataset(
@@ -213,19 +232,11 @@ def run_sweep(cfg: SweepConfig) -> SweepReport:
             return report
         import ray
 
-        slots, started = _init_ray(cfg)
+        slots, started = init_ray(cfg)
         cpus = int(ray.cluster_resources().get("CPU", os.cpu_count() or 1))
         r = cfg.runner
-        build_cache = _compile_ahead(todo, cfg)
-        pool = WorkerPool(PoolOptions(
-            num_slots=slots, torch_threads=max(1, cpus // slots), start_deadline_s=cfg.cluster.start_deadline_s,
-            isolation=r.isolation, quarantine_after=r.quarantine_after, max_attempts=r.max_attempts,
-            standby=r.standby, spare_isolated=r.spare_isolated, lanes=r.lanes, workdir=r.workdir,
-            sandbox={"isolate_network": r.isolate_network, "drop_privileges": r.drop_privileges,
-                     "memory_limit_bytes": int(r.memory_limit_gb * (1 << 30)) if r.memory_limit_gb else None,
-                     "max_open_files": r.max_open_files, "max_processes": r.max_processes,
-                     "build_cache": build_cache},
-        ))
+        build_cache = compile_ahead_on_cpus(todo, cfg)
+        pool = WorkerPool(pool_options(cfg, slots, cpus, build_cache))
         recorder = _Recorder(store, cfg.sweep.flush_rows, cfg.sweep.flush_interval_s)
         progress = Progress(len(todo), cfg.sweep.progress)
 
