@@ -14,7 +14,7 @@ from functools import cache
 
 from fibray.schema.trace import EvaluationStatus as Status
 
-__all__ = ["FAULT_REASONS", "POISONING_REASONS", "Reason", "Status", "describe"]
+__all__ = ["FAULT_REASONS", "POISONING_REASONS", "GeneratorReason", "Reason", "Status", "describe"]
 
 
 class Reason(StrEnum):
@@ -156,3 +156,21 @@ def describe() -> dict[Reason, str]:
                 and isinstance(after.value.value, str)):
             docs[Reason[node.targets[0].id]] = after.value.value
     return docs
+
+
+class GeneratorReason(StrEnum):
+    """Why an agent-loop round got no (or fewer) candidates from its generator (fibray.evolve): the round is
+    spent and recorded in the run's round file, and the loop goes on. Not a verdict of any candidate."""
+
+    GENERATOR_TIMEOUT = "generator_timeout"
+    """The generator ran past evolve.generator.deadline_s (a shell command is killed with its process group)."""
+    GENERATOR_CRASHED = "generator_crashed"
+    """The command exited non-zero, or the callable raised."""
+    GENERATOR_GARBAGE = "generator_garbage"
+    """The output was not JSON (a list, one object, or JSONL) of solution objects."""
+    INVALID_SOLUTION = "invalid_solution"
+    """A returned item is not a valid Solution of the task's definition (the others still run)."""
+    NO_CANDIDATES = "no_candidates"
+    """The generator returned an empty list (for the search: every configuration was tried)."""
+    OVER_BUDGET = "over_budget"
+    """A returned item beyond the round's N (or the run's max_candidates); it is not evaluated."""
