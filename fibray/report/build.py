@@ -21,8 +21,11 @@ from fibray.analysis import (
     compare_sweeps,
     comparison_summary,
     evaluations,
+    evolve_gap,
+    evolve_rounds,
     failure_reasons,
     failure_taxonomy,
+    has_loop_rows,
     fast_p_curve,
     leaderboard,
     open_store,
@@ -120,6 +123,18 @@ def _failure_section(units: pl.LazyFrame, out: Path) -> Section:
                    [plots.save(plots.failure_figure(taxonomy, reasons), out / "failures.png")])
 
 
+def _evolve_section(units: pl.LazyFrame, out: Path) -> Section:
+    rounds = evolve_rounds(units)
+    tables = [(f"{definition} ({run_id})", part.drop("run_id", "definition"))
+              for (run_id, definition), part in rounds.group_by(["run_id", "definition"], maintain_order=True)]
+    return Section("Agent loop", "Rows recorded by `python -m fibray.evolve`: per definition and round, the candidates, "
+                   "how many passed every public workload, the round's best and the best so far (geomean speedup over "
+                   "public workloads); then the best candidate scored on the hidden workloads it never saw "
+                   "(gap = hidden / public - 1).",
+                   [*tables, ("public -> hidden", evolve_gap(units))],
+                   [plots.save(plots.evolve_rounds_figure(rounds), out / "evolve_rounds.png")])
+
+
 def _comparison_section(store: Path, baseline: str, sweep: str, limit: int = 50) -> Section:
     cmp = compare_sweeps(store, baseline, sweep)
     changed = cmp.filter(pl.col("change") != "unchanged").select(
@@ -161,6 +176,8 @@ def build_report(store: str | Path, out: str | Path, sweep: Optional[str] = None
     out.mkdir(parents=True, exist_ok=True)
     units = evaluations(store, sweep).collect().lazy()  # one read of the store; every query reuses it
     sections = [*_leaderboard_sections(units, out, seed), _failure_section(units, out)]
+    if has_loop_rows(units):
+        sections.append(_evolve_section(units, out))
     if baseline is not None:
         sections.append(_comparison_section(store, baseline, sweep))
     n = units.select(pl.len()).collect().item()

@@ -217,3 +217,25 @@ def png_bytes(fig: Figure) -> bytes:
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=110)
     return buf.getvalue()
+
+
+def evolve_rounds_figure(rounds: pl.DataFrame) -> Figure:
+    """The agent loop: best public speedup so far against the round, one line per (run, definition)."""
+    drawn = rounds.filter(pl.col("best_so_far").is_not_null())
+    if drawn.is_empty():
+        return _empty("no loop candidate passed every public workload yet")
+    fig = _figure((7.5, 4.6))
+    ax = fig.subplots()
+    keys = drawn.select("run_id", "definition").unique().sort("run_id", "definition").rows()
+    for run_id, definition in keys[:MAX_LINES]:
+        line = rounds.filter((pl.col("run_id") == run_id) & (pl.col("definition") == definition)).sort("round")
+        ax.step(line["round"].to_list(), line["best_so_far"].to_list(), where="post", marker="o", markersize=3,
+                linewidth=1.8, label=f"{definition} ({run_id})" if len({k[0] for k in keys}) > 1 else definition)
+    ax.set_yscale("log")
+    _log_ticks(ax, "y", "×")
+    ax.set_xlabel("round")
+    ax.set_ylabel("best speedup so far (public workloads)")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2, frameon=False)
+    fig.suptitle("Agent loop: best speedup per round" + (f" (first {MAX_LINES} of {len(keys)})" if len(keys) > MAX_LINES else ""))
+    return fig
