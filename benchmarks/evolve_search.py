@@ -1,0 +1,155 @@
+"""The built-in search of the agent loop against the hand-written Triton solutions of datasets/llm.
+
+    python benchmarks/evolve_search.py [--rounds 40] [--candidates 4] [--store DIR] [--cpu]
+
+Runs `python -m fibray.evolve +experiment=evolve_search` (the built-in search) from the deliberately
+untuned templates in examples/evolve/ on an rmsnorm, a GEMM and a GQA paged-decode definition, then `python -m fibray.sweep`
+of each definition's hand-written `_triton` solution with the same evaluation settings on the same
+workloads. Prints, per definition: the best public speedup per round, rounds per minute, evaluations
+per GPU-second, the hand-written solution's speedup on the same (public) workloads, and whether the
+search came within 10% of it within 40 rounds (and in which round); then the public -> hidden gap.
+On a GPU it uses the gpu workload set (generated for these definitions if missing); `--cpu` runs small
+settings on the cpu_small set (Triton interpreted) to check the script end to end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import re
+import subprocess
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+from _sweep_cli import run_sweep_cli
+
+REPO = Path(__file__).resolve().parents[1]
+LLM = REPO / "datasets" / "llm"
+GPU_DEFINITIONS = ["rmsnorm_h4096", "gemm_n4096_k4096", "gqa_paged_decode_h32_kv8_d128_ps16"]
+CPU_DEFINITIONS = ["rmsnorm_h4096", "gemm_n2048_k2048", "gqa_paged_decode_h32_kv8_d128_ps16"]
+GOAL_ROUNDS, GOAL_GAP = 40, 0.10
+
+
+def _gpus() -> int:
+    try:
+        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return 0
+    return sum(1 for line in out.splitlines() if line.startswith("GPU "))
+
+
+def _ensure_gpu_workloads(definitions: list[str]) -> None:
+    missing = [d for d in definitions if not list((LLM / "workloads" / "gpu").glob(f"*/{d}.jsonl"))]
+    if missing:
+        print(f"generating the gpu workload set for {missing} ...", flush=True)
+        subprocess.run([sys.executable, "-m", "fibray.generate", "--out", str(LLM), "--set", "gpu", "--only", *missing],
+                       check=True, cwd=REPO)
+
+
+def _geomean(xs: list[float]) -> float | None:
+    xs = [x for x in xs if x and x > 0]
+    return math.exp(sum(map(math.log, xs)) / len(xs)) if xs else None
+
+
+def _fmt(x: float | None) -> str:
+    return "-" if x is None else f"{x:.3f}x"
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--rounds", type=int, default=None, help="rounds per definition (default 40; 3 with --cpu)")
+    p.add_argument("--candidates", type=int, default=None, help="candidates per round (default 4; 2 with --cpu)")
+    p.add_argument("--store", type=Path, default=Path("/tmp/fibray-evolve-search"), help="trace store (a new run each time)")
+    p.add_argument("--definitions", nargs="+", default=None, help="definitions of datasets/llm to search")
+    p.add_argument("--workloads", type=int, default=8, help="workloads per definition (public + hidden)")
+    p.add_argument("--cpu", action="store_true", help="small settings on the cpu_small set (also chosen without a GPU)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the search")
+    a = p.parse_args()
+    gpus = _gpus()
+    cpu = a.cpu or gpus == 0
+    rounds, cands = a.rounds or (3 if cpu else GOAL_ROUNDS), a.candidates or (2 if cpu else 4)
+    definitions = a.definitions or (CPU_DEFINITIONS if cpu else GPU_DEFINITIONS)
+    wset = "cpu_small" if cpu else "gpu"
+    if not cpu:
+        _ensure_gpu_workloads(definitions)
+    evals = (["eval.warmup=0", "eval.iterations=2", "eval.trials=1"] if cpu
+             else ["eval.warmup=10", "eval.iterations=50", "eval.trials=3"])
+    run_id = f"evolve_search_{time.strftime('%Y%m%dT%H%M%S')}"
+    common = [f"dataset.root={LLM}", f"dataset.workload_set={wset}", f"dataset.max_workloads_per_definition={a.workloads}",
+              f"dataset.definitions=[{','.join(definitions)}]", f"store.root={a.store}", *evals]
+    if gpus:
+        common.append(f"cluster.num_gpus={gpus}")
+    cmd = [sys.executable, "-m", "fibray.evolve", "+experiment=evolve_search", *common, f"evolve.run_id={run_id}",
+           f"evolve.budget.max_rounds={rounds}", f"evolve.budget.candidates={cands}", f"evolve.generator.seed={a.seed}"]
+    print(f"{time.strftime('%Y-%m-%d %H:%M:%S')} {'CPU (interpreted Triton)' if cpu else f'{gpus} GPU(s)'}: "
+          f"{rounds} rounds x {cands} candidates on {definitions} ({wset})", flush=True)
+    t0 = time.monotonic()
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
+    loop_s = time.monotonic() - t0
+    log = a.store.with_name(a.store.name + f".{run_id}.log")
+    log.parent.mkdir(parents=True, exist_ok=True)
+    log.write_text(proc.stdout + proc.stderr)
+    if proc.returncode != 0:
+        raise SystemExit(f"fibray.evolve failed (rc={proc.returncode}); log {log}:\n" + (proc.stdout + proc.stderr)[-3000:])
+    progress = [ln for ln in proc.stderr.splitlines() if re.match(r"\[\S+\] round \d+/", ln)]
+    print("\n".join(progress[-3 * len(definitions):]))
+    print(proc.stdout.strip())
+
+    hand = [f"{d}_triton" for d in definitions]
+    sweep = run_sweep_cli([*common, "solutions.roots=[]", f"solutions.names=[{','.join(hand)}]",
+                           f"sweep.name={run_id}_hand"], log=a.store.with_name(a.store.name + f".{run_id}_hand.log"))
+
+    from fibray.store import TraceStore
+
+    store = TraceStore(a.store)
+    cols = ["definition", "solution", "workload_uuid", "status", "speedup", "round", "split", "started_at", "finished_at"]
+    loop_rows = store.read(sweep=run_id, columns=cols).to_pylist()
+    hand_rows = store.read(sweep=f"{run_id}_hand", columns=cols).to_pylist()
+    meta = json.loads((a.store / "_evolve" / run_id / "run.json").read_text())
+    n_loop_rounds = 0
+    print(f"\n{'definition':<38}{'round':>6}{'best so far':>13}")
+    verdicts = []
+    for d in definitions:
+        public = set(meta["split"][d]["public"])
+        by_sol: dict[str, list[dict]] = defaultdict(list)
+        for r in loop_rows:
+            if r["definition"] == d and r["split"] == "public":
+                by_sol[r["solution"]].append(r)
+        per_round: dict[int, float] = {}
+        for rs in by_sol.values():
+            if len(rs) == len(public) and all(r["status"] == "PASSED" for r in rs):
+                g = _geomean([r["speedup"] for r in rs])
+                rnd = rs[0]["round"]
+                per_round[rnd] = max(per_round.get(rnd, 0.0), g or 0.0)
+        best, first_within, last_round = 0.0, None, max((r["round"] for rs in by_sol.values() for r in rs), default=0)
+        n_loop_rounds += last_round
+        hrows = [r for r in hand_rows if r["definition"] == d and r["workload_uuid"] in public]
+        hand_speedup = _geomean([r["speedup"] for r in hrows]) if hrows and all(r["status"] == "PASSED" for r in hrows) else None
+        for rnd in range(1, last_round + 1):
+            best = max(best, per_round.get(rnd, 0.0))
+            if hand_speedup and first_within is None and best >= (1 - GOAL_GAP) * hand_speedup:
+                first_within = rnd
+            print(f"{d:<38}{rnd:>6}{_fmt(best or None):>13}")
+        ok = first_within is not None and first_within <= GOAL_ROUNDS
+        verdicts.append(f"{d}: best {_fmt(best or None)} vs hand-written Triton {_fmt(hand_speedup)} "
+                        f"({'-' if not hand_speedup or not best else f'{100 * best / hand_speedup:.0f}%'}); "
+                        + (f"within {100 * GOAL_GAP:.0f}% in round {first_within}: {'YES' if ok else 'NO'}" if first_within
+                           else f"NOT within {100 * GOAL_GAP:.0f}% in {last_round} rounds"))
+    gpu_s = loop_s * max(gpus, 1)
+    busy = sum((r["finished_at"] - r["started_at"]).total_seconds() for r in loop_rows)
+    print(f"\nloop: {len(loop_rows)} evaluations, {n_loop_rounds} definition-rounds in {loop_s:.0f}s wall: "
+          f"{60 * n_loop_rounds / loop_s:.2f} rounds/min, {len(loop_rows) / gpu_s:.3f} evaluations per "
+          f"{'GPU' if gpus else 'CPU-slot'}-second of wall time ({len(loop_rows) / busy if busy else 0:.3f} per busy second)")
+    print(f"hand-written sweep: {sweep.summary}")
+    print("\n".join(verdicts))
+    gap = re.search(r"(?ms)^definition .*", proc.stdout)
+    if gap:
+        print(f"\npublic -> hidden (from fibray.evolve):\n{gap.group(0)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
