@@ -18,7 +18,7 @@ import torch
 
 from fibray.compile import BuildCache, BuildError, DeviceRequired, Runnable, bind
 from fibray.check import collect_draws, draw_plan
-from fibray.evaluate.inputs import FP8_DTYPES, BlobCache, materialize, poison_, torch_dtype
+from fibray.evaluate.inputs import FP8_DTYPES, BlobCache, job_inputs, poison_, torch_dtype
 from fibray.schema import Definition, Job
 from fibray.evaluate.phases import Phases
 from fibray.timing import Timing, time_calls
@@ -209,8 +209,7 @@ class CandidateRunner:
             return e
 
     def _inputs(self, job: Job, trial: int) -> list[Any]:
-        return materialize(job.definition, job.workload, root=Path(job.dataset_root), seed=job.settings.seed,
-                           trial=trial, device=self.device, blobs=self.blobs)
+        return job_inputs(job, trial, self.device, self.blobs)
 
     def call(self, runnable: Runnable, job: Job, args: list[Any], axes: Optional[dict[str, int]] = None) -> TrialOutput:
         """Call the candidate once on args (kept alive by the caller). Inputs are compared with

@@ -1,8 +1,9 @@
 """Materialise a workload's inputs on a device: seeded random tensors, scalars, safetensors blobs.
 
-Random inputs depend only on (eval seed, workload, trial, input name), so every solution
-of a workload sees the same data and references can be reused. A blob that is missing or
-does not match the definition is an InputError, never replaced by random data.
+Random inputs depend only on (eval seed, the sweep's input key, workload, trial, input name,
+distribution), so every solution of a workload in a sweep sees the same data and references
+can be reused, while no candidate can know them before the sweep's secret salt is drawn. A
+blob that is missing or does not match the definition is an InputError, never random data.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from typing import Any, Optional
 
 import torch
 
-from fibray.schema import Definition, DType, SafetensorsInput, ScalarInput, Workload
+from fibray.schema import Definition, DType, Job, RandomInputSpec, SafetensorsInput, ScalarInput, Workload
 
 TORCH_DTYPES: dict[DType, torch.dtype] = {
     DType.FLOAT32: torch.float32,
@@ -41,19 +42,54 @@ def torch_dtype(dtype: DType) -> torch.dtype:
     return TORCH_DTYPES[dtype]
 
 
-def input_seed(seed: int, workload_uuid: str, trial: int, name: str) -> int:
-    """Deterministic 63-bit seed of one random input."""
-    return int(hashlib.sha256(f"{seed}:{workload_uuid}:{trial}:{name}".encode()).hexdigest()[:15], 16)
+DISTRIBUTIONS = ("normal", "outliers", "mixed")
+"""eval.input_distribution values."""
+_FLOATS = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
+_DEFAULT_SPEC = RandomInputSpec()
 
 
-def random_tensor(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device, seed: int) -> torch.Tensor:
-    """A dtype-appropriate random tensor: N(0,1) floats, clamped low-bit floats, small ints, bools."""
+def input_seed(seed: int, workload_uuid: str, trial: int, name: str, key: str = "") -> int:
+    """Deterministic 63-bit seed of one random input (`key`: the sweep's input key, or none)."""
+    text = f"{seed}:{workload_uuid}:{trial}:{name}" if not key else f"{seed}:{key}:{workload_uuid}:{trial}:{name}"
+    return int(hashlib.sha256(text.encode()).hexdigest()[:15], 16)
+
+
+def draws_outliers(distribution: str, trial: int) -> bool:
+    """Whether a trial's random floats take outliers: always, never, or on odd trials (mixed)."""
+    if distribution not in DISTRIBUTIONS:
+        raise InputError(f"eval.input_distribution: {distribution!r} is not one of {list(DISTRIBUTIONS)}")
+    return distribution == "outliers" or (distribution == "mixed" and trial % 2 == 1)
+
+
+def _add_outliers(x: torch.Tensor, dtype: torch.dtype, spec: RandomInputSpec, gen: torch.Generator) -> torch.Tensor:
+    """Scale a random `outlier_fraction` of x (fp32 N(0,1) values) by log-uniform factors in
+    `outlier_scale`, kept within half the target dtype's largest finite value."""
+    flat = x.view(-1)
+    k = max(1, round(spec.outlier_fraction * flat.numel())) if flat.numel() else 0
+    if not k:
+        return x
+    idx = torch.randint(0, flat.numel(), (k,), generator=gen, device=x.device)  # a repeat only makes fewer
+    lo, hi = spec.outlier_scale
+    u = torch.rand(k, generator=gen, device=x.device, dtype=torch.float32)
+    factor = torch.exp(torch.log(torch.tensor(lo)) + u * (torch.log(torch.tensor(hi)) - torch.log(torch.tensor(lo))))
+    big = flat[idx] * factor
+    limit = torch.finfo(dtype).max / 2
+    flat[idx] = big.clamp_(-limit, limit)
+    return x
+
+
+def random_tensor(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device, seed: int,
+                  outliers: Optional[RandomInputSpec] = None) -> torch.Tensor:
+    """A dtype-appropriate random tensor: N(0,1) floats (fp8 clamped to [-2, 2]), small ints,
+    bools; with `outliers`, a fraction of a float tensor's values scaled into outliers."""
     gen = torch.Generator(device=device)
     gen.manual_seed(seed)
-    if dtype in (torch.float32, torch.float16, torch.bfloat16, torch.float64):
-        return torch.randn(shape, generator=gen, device=device, dtype=torch.float32).to(dtype)
+    if dtype in _FLOATS:
+        x = torch.randn(shape, generator=gen, device=device, dtype=torch.float32)
+        return (_add_outliers(x, dtype, outliers, gen) if outliers is not None else x).to(dtype)
     if dtype in FP8_DTYPES:
-        return torch.randn(shape, generator=gen, device=device).clamp_(-2.0, 2.0).to(dtype)
+        x = torch.randn(shape, generator=gen, device=device).clamp_(-2.0, 2.0)
+        return (_add_outliers(x, dtype, outliers, gen) if outliers is not None else x).to(dtype)
     if dtype is torch.bool:
         return torch.randint(0, 2, shape, generator=gen, device=device, dtype=torch.bool)
     if dtype in _INT_RANGES:
@@ -96,10 +132,14 @@ def materialize(
     trial: int,
     device: torch.device,
     blobs: Optional[BlobCache] = None,
+    key: str = "",
+    distribution: str = "normal",
 ) -> list[Any]:
-    """The inputs of one trial, in definition order."""
+    """The inputs of one trial, in definition order (`key`, `distribution`: see job_inputs)."""
     blobs = blobs or BlobCache()
     shapes = definition.input_shapes(workload.axes)
+    draw = definition.random_inputs or _DEFAULT_SPEC
+    outliers = draws_outliers(distribution, trial)
     args: list[Any] = []
     for name, spec in definition.inputs.items():
         src = workload.inputs.get(name)
@@ -114,12 +154,21 @@ def materialize(
                 raise InputError(f"workload.inputs.{name}: blob dtype {t.dtype}, definition expects {dtype}")
             args.append(t.to(device, copy=True))
         else:
-            s = input_seed(seed, workload.uuid, trial, name)
+            s = input_seed(seed, workload.uuid, trial, name, key)
+            if outliers:  # outlier draws get their own seed: the normal values differ too
+                s = input_seed(seed, workload.uuid, trial, name + "#outliers", key)
+            takes = outliers and (draw.outlier_inputs is None or name in draw.outlier_inputs)
             if shapes[name] is None:
                 args.append(random_tensor((), dtype, device, s).item())
             else:
-                args.append(random_tensor(shapes[name], dtype, device, s))
+                args.append(random_tensor(shapes[name], dtype, device, s, draw if takes else None))
     return args
+
+
+def job_inputs(job: Job, trial: int, device: torch.device, blobs: Optional[BlobCache] = None) -> list[Any]:
+    """The inputs of one trial of a job: its seed, its sweep's input key and input distribution."""
+    return materialize(job.definition, job.workload, root=Path(job.dataset_root), seed=job.settings.seed, trial=trial,
+                       device=device, blobs=blobs, key=job.input_key or "", distribution=job.settings.input_distribution)
 
 
 def poison_(t: torch.Tensor) -> torch.Tensor:

@@ -22,7 +22,7 @@ import torch
 from fibray.compile import build_reference, prepare_triton
 from fibray.evaluate.candidate import CandidateFailure, CandidateRunner, TrialOutput, normalize_outputs
 from fibray.check import CheckResult, Draws, Tolerance, checker_for, wants_draws
-from fibray.evaluate.inputs import BlobCache, InputError, clone_args, materialize, torch_dtype
+from fibray.evaluate.inputs import BlobCache, InputError, clone_args, job_inputs, torch_dtype
 from fibray.schema import (
     Correctness, Definition, Environment, EvalSettings, Evaluation, EvaluationStatus, Job, Performance,
 )
@@ -91,7 +91,8 @@ class Judge:
     def state(self, job: Job) -> _WorkloadState:
         """Inputs and reference outputs of the job's workload (cached per workload). Raises InputError."""
         s = job.settings
-        key = (job.definition.name, hash(job.definition.reference), job.workload.uuid, s.seed, s.trials, job.dataset_root)
+        key = (job.definition.name, hash(job.definition.reference), job.workload.uuid, s.seed, s.trials, job.dataset_root,
+               job.input_key, s.input_distribution)  # random_inputs is part of the definition, as its reference is
         with self._lock:
             state = self._workloads.get(key)
             if state is not None:
@@ -116,8 +117,7 @@ class Judge:
         ref = self._reference(job.definition)
         inputs, refs = [], []
         for trial in range(s.trials + 1):
-            args = materialize(job.definition, job.workload, root=Path(job.dataset_root), seed=s.seed, trial=trial,
-                               device=self.device, blobs=self.blobs)
+            args = job_inputs(job, trial, self.device, self.blobs)
             with torch.no_grad():
                 out = normalize_outputs(ref(*clone_args(args)), job.definition)
             refs.append([torch.as_tensor(o).to(self.device, torch_dtype(spec.dtype))

@@ -79,6 +79,25 @@ class CheckSpec(Model):
     """Fraction of elements that must be within tolerance (matched_ratio kind), in (0, 1]."""
 
 
+class RandomInputSpec(Model):
+    """How outlier draws apply to a definition's random inputs (a fibray extension)."""
+
+    outlier_inputs: Optional[list[NonEmptyString]] = None
+    """Floating-point inputs that take outliers under eval.input_distribution=outliers|mixed; None
+    means all of them, [] none (probabilities, scales and other inputs a real model keeps in range)."""
+    outlier_fraction: float = Field(default=0.01, gt=0, le=1)
+    """Fraction of an input's elements that are scaled into outliers, in (0, 1]."""
+    outlier_scale: tuple[float, float] = (1e2, 1e3)
+    """Outliers are N(0,1) values times a log-uniform factor in this range (clamped to half the dtype's max)."""
+
+    @model_validator(mode="after")
+    def _validate_outlier_scale(self) -> "RandomInputSpec":
+        lo, hi = self.outlier_scale
+        if not 0 < lo <= hi:
+            raise ValueError(f"random_inputs.outlier_scale: expected 0 < low <= high, got {list(self.outlier_scale)}")
+        return self
+
+
 class Definition(Model):
     """The operator contract: what a kernel computes, on which shapes and dtypes."""
 
@@ -102,6 +121,8 @@ class Definition(Model):
     """Python expressions over axis names that every workload satisfies."""
     check: Optional[CheckSpec] = None
     """How outputs are judged (fibray extension); None means elementwise with sweep tolerances."""
+    random_inputs: Optional[RandomInputSpec] = None
+    """Which random inputs take outlier draws, how many and how large (fibray extension); None: defaults."""
 
     @model_validator(mode="after")
     def _validate_reference(self) -> "Definition":
@@ -133,6 +154,14 @@ class Definition(Model):
                             f"{kind}.{tensor}.shape: axis '{axis}' is not defined in axes "
                             f"(defined: {sorted(self.axes)})"
                         )
+        return self
+
+    @model_validator(mode="after")
+    def _validate_random_inputs(self) -> "Definition":
+        names = self.random_inputs.outlier_inputs if self.random_inputs else None
+        unknown = sorted(set(names or ()) - set(self.inputs))
+        if unknown:
+            raise ValueError(f"random_inputs.outlier_inputs: {unknown} are not inputs (inputs: {sorted(self.inputs)})")
         return self
 
     @model_validator(mode="after")

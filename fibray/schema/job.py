@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Optional
+import hmac
+from typing import Literal, Optional
 
 from pydantic import ConfigDict, Field
 
@@ -51,6 +52,14 @@ class EvalSettings(Model):
     """Deadline for one evaluation once built, seconds."""
     log_limit: int = Field(default=4096, ge=256)
     """Most characters of candidate error text kept in a record."""
+    input_distribution: Literal["normal", "outliers", "mixed"] = "normal"
+    """Random floating-point inputs: N(0,1); N(0,1) with a fraction scaled into outliers (see
+    Definition.random_inputs); or mixed (even trials normal, odd trials outliers)."""
+
+
+_ID_OMITTED_AT_DEFAULT = {"input_distribution": "normal"}
+"""Settings added after job ids were first recorded: left out of the id at their default, so
+that a sweep recorded before them resumes with the same ids."""
 
 
 def content_hash(*parts: object) -> str:
@@ -77,16 +86,29 @@ class Job(Model):
     """Dataset root, for safetensors paths."""
     attempt: int = 1
     """1 for the first try; higher when re-run after a lost worker."""
+    input_key: Optional[str] = None
+    """HMAC of the sweep's secret salt and this workload (set by the driver, never part of the id):
+    random inputs are drawn from it, so no candidate can know them before they arrive."""
     split: Split = Split.PUBLIC
     """The workload's split in its dataset (not part of the job's identity)."""
 
     @staticmethod
     def make_id(definition: Definition, workload: Workload, solution: Solution, settings: EvalSettings) -> str:
         """The content-hash id of a job."""
-        return content_hash(
-            definition.to_json_dict(), workload.to_json_dict(), solution.name, solution.hash,
-            settings.model_dump(mode="json"),
-        )
+        dumped = settings.model_dump(mode="json")
+        for name, default in _ID_OMITTED_AT_DEFAULT.items():
+            if dumped.get(name) == default:
+                del dumped[name]
+        return content_hash(definition.to_json_dict(), workload.to_json_dict(), solution.name, solution.hash, dumped)
+
+    def salted(self, salt: bytes) -> "Job":
+        """This job with the input key of `salt` (the sweep's secret) for its workload."""
+        return self.model_copy(update={"input_key": input_key(salt, self.workload.uuid)})
+
+
+def input_key(salt: bytes, workload_uuid: str) -> str:
+    """The per-workload key random inputs are drawn from: the salt itself never leaves the driver."""
+    return hmac.new(salt, workload_uuid.encode(), hashlib.sha256).hexdigest()
 
 
 class JobResult(Model):

@@ -101,6 +101,32 @@ class TraceStore:
         """Ids of the jobs already recorded (the ledger)."""
         return set(self.read(sweep=sweep, columns=["job_id"]).column("job_id").to_pylist())
 
+    def sweep_salt(self, sweep: str) -> bytes:
+        """The sweep's secret input salt: drawn at random when the sweep first runs, kept for its
+        resumes in `_secrets/sweep=<s>` (mode 0600, in a 0700 folder: the driver's, unreadable to
+        executors that run as other users). Call it holding the sweep's lock."""
+        folder = self.root / "_secrets"
+        path = folder / f"sweep={_enc(sweep)}"
+        try:
+            folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+            os.chmod(folder, 0o700)
+            try:
+                salt = path.read_bytes()
+            except FileNotFoundError:
+                tmp = folder / f".{path.name}.{uuid.uuid4().hex}.tmp"
+                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+                with os.fdopen(fd, "wb") as f:
+                    f.write(os.urandom(32))
+                    f.flush()
+                    os.fsync(f.fileno())
+                os.replace(tmp, path)
+                salt = path.read_bytes()
+        except OSError as e:
+            raise StoreError(f"store.root: cannot keep the sweep's input salt in {folder}: {e.strerror}") from None
+        if len(salt) != 32:
+            raise StoreError(f"{path}: not a sweep input salt ({len(salt)} bytes, expected 32); remove it to draw a new one")
+        return salt
+
     @contextlib.contextmanager
     def lock(self, sweep: str) -> Iterator[None]:
         """Hold the single-writer lock of a sweep; a second driver fails at once."""

@@ -223,7 +223,8 @@ def run_sweep(cfg: SweepConfig) -> SweepReport:
     store = TraceStore(cfg.store.root)
     with store.lock(cfg.sweep.name):
         done = store.job_ids(cfg.sweep.name)
-        todo = [j for j in jobs if j.job_id not in done]
+        salt = store.sweep_salt(cfg.sweep.name)  # inputs no candidate can predict; the same on a resume
+        todo = [j.salted(salt) for j in jobs if j.job_id not in done]
         log.info("sweep %s: %d definitions, %d solutions, %d jobs, %d already recorded",
                  cfg.sweep.name, len(ds.definitions), len(ds.solutions), len(jobs), len(jobs) - len(todo))
         report = SweepReport(cfg.sweep.name, len(jobs), len(jobs) - len(todo), 0)
