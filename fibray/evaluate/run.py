@@ -31,6 +31,7 @@ from fibray.evaluate.phases import Phases, now_iso
 from fibray.timing import LatencyStats, Timing, time_calls
 from fibray.schema.reasons import Reason
 from fibray.timing.bound import BoundBroken, Overhead, bounded_time
+from fibray.timing.roofline import DeviceCaps, below_floor, device_caps
 
 Status = EvaluationStatus
 
@@ -66,6 +67,8 @@ class Judge:
         self._lock = threading.Lock()
         self._building: dict[tuple, threading.Lock] = {}
         """One lock per workload being materialised: lanes on the same workload build it once."""
+        self.caps: Optional[DeviceCaps] = None
+        """The device's measured bandwidth and throughput for the roofline floor (measured on first use; none on a CPU)."""
 
     # -- verdict helpers -------------------------------------------------------------------
     def fail(self, status: Status | str, reason: str, log: str, s: EvalSettings, metrics: Optional[CheckResult] = None) -> Evaluation:
@@ -161,6 +164,11 @@ class Judge:
     def passed(self, job: Job, state: _WorkloadState, verdict: CheckResult, timing: Timing) -> Evaluation:
         s = job.settings
         stats = LatencyStats.of(timing.samples_ms)
+        if self.caps is None:
+            self.caps = device_caps(self.device)  # under the exclusive GPU (reference timing's hold)
+        too_fast = below_floor(stats.median_ms, job.definition, job.workload.axes, self.caps)
+        if too_fast is not None:  # skipped work or a fooled timer, not a fast kernel
+            return self.fail(Status.RUNTIME_ERROR, Reason.BELOW_ROOFLINE, too_fast, s)
         ref_ms = self.reference_latency(job, state).median_ms if s.time_reference else 0.0
         perf = Performance(
             latency_ms=stats.median_ms, reference_latency_ms=ref_ms,

@@ -83,6 +83,8 @@ class Reason(StrEnum):
     """The reported latency cannot explain the wall the supervisor's clock saw around the timing."""
     BAD_TIMING_REPORT = "bad_timing_report"
     """The executor's timing report was not a list of finite, non-negative latencies of the calls made."""
+    BELOW_ROOFLINE = "below_roofline"
+    """The latency is below what the definition's bytes and FLOPs allow on the device's measured bandwidth and throughput."""
 
     # -- the answer (INCORRECT_SHAPE, INCORRECT_DTYPE, INCORRECT_NUMERICAL) -------------------
     WRONG_OUTPUT_COUNT = "wrong_output_count"

@@ -5,11 +5,15 @@ and uses its own pair of events on the current stream. Work a candidate hides on
 stream would escape those events, so a second, shorter pass synchronises the whole device
 before each end mark; its fixed cost (measured once per process and device on an empty
 call, the same way) is subtracted, and if the device-wide figure is clearly longer, it is
-the one reported. Inputs rotate between calls so that caching by input cannot pay.
+the one reported. Inputs rotate between calls so that caching by input cannot pay. Lines a
+kernel marked persisting (an access-policy window) would survive the flush: the context's
+persisting-L2 set-aside is put to 0 and its persisting lines reset before timing, and again
+before any call that finds the set-aside raised.
 """
 
 from __future__ import annotations
 
+import ctypes
 import statistics
 import threading
 import time
@@ -38,6 +42,41 @@ class Timing:
     samples_ms: list[float]
     mode: str  # wall_clock | stream_events | device_sync
     sync_overhead_ms: float = 0.0
+
+
+_CU_LIMIT_PERSISTING_L2_CACHE_SIZE = 0x06
+_cuda_driver: list = []  # [libcuda] once loaded, [None] where it cannot be
+
+
+def _driver():
+    if not _cuda_driver:
+        try:
+            lib = ctypes.CDLL("libcuda.so.1")
+            lib.cuCtxGetLimit.argtypes = [ctypes.POINTER(ctypes.c_size_t), ctypes.c_int]
+            lib.cuCtxSetLimit.argtypes = [ctypes.c_int, ctypes.c_size_t]
+            _cuda_driver.append(lib)
+        except (OSError, AttributeError):
+            _cuda_driver.append(None)
+    return _cuda_driver[0]
+
+
+def persisting_l2_bytes() -> int:
+    """The current context's persisting-L2 set-aside in bytes (0 where there is none or no driver)."""
+    lib = _driver()
+    value = ctypes.c_size_t(0)
+    if lib is None or lib.cuCtxGetLimit(ctypes.byref(value), _CU_LIMIT_PERSISTING_L2_CACHE_SIZE) != 0:
+        return 0
+    return value.value
+
+
+def reset_persisting_l2() -> bool:
+    """No persisting L2 for what follows: the set-aside to 0, persisting lines back to normal.
+    The GPU must be idle (a kernel still running could mark lines again). False without a driver."""
+    lib = _driver()
+    if lib is None:
+        return False
+    lib.cuCtxSetLimit(_CU_LIMIT_PERSISTING_L2_CACHE_SIZE, 0)
+    return lib.cuCtxResetPersistingL2Cache() == 0
 
 
 def flush_bytes(device: torch.device) -> int:
@@ -123,6 +162,9 @@ def _event_pass(fn, arg_sets, total, flush, device_sync, before_each, first: int
     for i in range(total):
         if before_each is not None:
             before_each(first + i)
+        if flush is not None and persisting_l2_bytes():  # the last call raised it: idle, then reset
+            _synchronize()
+            reset_persisting_l2()
         if flush is not None:
             flush.zero_()
         _record(starts[i])
@@ -147,6 +189,8 @@ def _time_cuda(fn, arg_sets, warmup, total, device, flush_l2, sync_device, befor
             fn(*arg_sets[i % n])
         _synchronize()
         flush = _flush_buffer(device) if flush_l2 else None
+        if flush is not None:
+            reset_persisting_l2()
         stream = _event_pass(fn, arg_sets, total, flush, False, before_each)
         if not sync_device:
             return Timing(stream, "stream_events")
