@@ -105,8 +105,8 @@ def _cli(*args: str, cwd) -> subprocess.CompletedProcess:
 
 @pytest.mark.parametrize("override, expected", [
     ("eval.trials=0", "eval.trials: Input should be greater than or equal to 1"),
-    ("+eval.warmups=3", "eval.warmups: unknown key"),
-    ("eval.warmups=3", "Key 'warmups' is not in struct"),
+    ("+eval.warmups=3", "unknown key eval.warmups (did you mean eval.warmup?)"),
+    ("eval.warmups=3", "unknown key eval.warmups (did you mean eval.warmup?)"),
     ("sweep.name=a/b", "sweep.name: must be 1-128 of letters"),
     ("dataset.root=/nonexistent/ds", "/nonexistent/ds: dataset root is not a directory"),
     ("dataset.definitions=[rmsnorm_h4069]", "did you mean rmsnorm_h4096"),

@@ -9,6 +9,7 @@ loading never writes anything.
 from __future__ import annotations
 
 import difflib
+import hashlib
 import json
 import logging
 import re
@@ -102,6 +103,10 @@ class Dataset:
     def split_of(self, uuid: str) -> Split:
         """The split of a workload: what splits/ says, else public."""
         return self.splits.get(uuid, Split.PUBLIC)
+    name: str = ""
+    """The dataset's name: its root folder's name."""
+    hash: str = ""
+    """sha256 of every definition and workload file of the dataset (paths and bytes), whatever was selected."""
 
     def solutions_for(self, definition: str) -> list[Solution]:
         """Solutions of one definition, by name."""
@@ -110,6 +115,22 @@ class Dataset:
 
 def _files(folder: Path, pattern: str) -> list[Path]:
     return sorted(p for p in folder.glob(pattern) if p.is_file()) if folder.is_dir() else []
+
+
+def content_hash(root: Path) -> str:
+    """sha256 over definitions/**.json and workloads/**.jsonl (relative path and bytes of each, sorted).
+
+    Filters (definitions, workload_set, ...) do not change it: it names the dataset, not the selection.
+    """
+    h = hashlib.sha256()
+    for path in [*_files(root / "definitions", "**/*.json"), *_files(root / "workloads", "**/*.jsonl")]:
+        rel = path.relative_to(root).as_posix().encode()
+        try:
+            data = path.read_bytes()
+        except OSError as e:
+            raise DatasetError(f"{path}: cannot read: {e.strerror}") from None
+        h.update(len(rel).to_bytes(8, "little") + rel + len(data).to_bytes(8, "little") + data)
+    return h.hexdigest()
 
 
 def _unknown_name(kind: str, name: str, known: Iterable[str]) -> str:
@@ -142,7 +163,7 @@ def load_dataset(
     root = Path(root)
     if not root.is_dir():
         raise DatasetError(f"{root}: dataset root is not a directory")
-    ds = Dataset(root=root)
+    ds = Dataset(root=root, name=root.resolve().name, hash=content_hash(root))
     if split not in (None, "all") and split not in {s.value for s in Split}:
         raise DatasetError(f"dataset.split: must be one of all, {', '.join(s.value for s in Split)} (got {split!r})")
     ds.splits, split_origin = read_splits(root, DatasetError)

@@ -10,7 +10,8 @@ from typing import Any, Optional
 
 import pyarrow as pa
 
-from fibray.schema import Job, JobResult
+from fibray.schema import Evaluation, Job, JobResult
+from fibray.schema.reasons import Reason
 
 PARTITION_COLUMNS = ("definition", "sweep")
 
@@ -62,6 +63,9 @@ SCHEMA = pa.schema([
     ("parent", pa.string()),             # name of the solution it was derived from
     ("generator", pa.string()),          # what proposed it: search, shell:<cmd>, callable:<module:function>
     ("run_id", pa.string()),             # the loop's run (also its sweep partition)
+    ("dataset_name", pa.string()),       # the dataset's root folder name (null in rows older than the column)
+    ("dataset_hash", pa.string()),       # sha256 of the dataset's definitions and workloads (fibray.dataset)
+    ("environment_limited", pa.bool_()), # could not run here (no GPU, interpreted Triton): not charged to the author
 ])
 
 LOOP_COLUMNS = ("round", "parent", "generator", "run_id")
@@ -70,7 +74,22 @@ LOOP_COLUMNS = ("round", "parent", "generator", "run_id")
 COLUMNS = [*PARTITION_COLUMNS, *SCHEMA.names]
 
 
-def to_row(job: Job, result: JobResult, loop: Optional[dict[str, Any]] = None) -> dict[str, Any]:
+def environment_limited(evaluation: Evaluation, language: str) -> bool:
+    """True when the verdict says what this machine cannot do, not what the candidate did.
+
+    A CUDA/C++ candidate on a machine without a GPU (`device_required`), and a Triton kernel that
+    ran out of its run deadline under the CPU interpreter (which runs kernels 100-10000x slower
+    than a GPU), could not be judged here. The status stays as recorded; analysis sets them apart.
+    """
+    if evaluation.reason == Reason.DEVICE_REQUIRED:
+        return True
+    on_cpu = evaluation.environment.hardware.startswith("cpu")
+    return (on_cpu and language == "triton" and evaluation.status.value == "TIMEOUT"
+            and evaluation.reason == Reason.RUN_TIMEOUT)
+
+
+def to_row(job: Job, result: JobResult, loop: Optional[dict[str, Any]] = None, dataset_name: Optional[str] = None,
+           dataset_hash: Optional[str] = None) -> dict[str, Any]:
     """Flatten a finished job into one store row (partition columns included); `loop` fills LOOP_COLUMNS."""
     from datetime import datetime
 
@@ -123,4 +142,7 @@ def to_row(job: Job, result: JobResult, loop: Optional[dict[str, Any]] = None) -
         "finished_at": datetime.fromisoformat(result.finished_at),
         "evaluation_timestamp": ev.timestamp,
         **{c: (loop or {}).get(c) for c in LOOP_COLUMNS},
+        "dataset_name": dataset_name,
+        "dataset_hash": dataset_hash,
+        "environment_limited": environment_limited(ev, job.solution.spec.language.value),
     }

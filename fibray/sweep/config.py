@@ -5,6 +5,7 @@ An unknown key or a bad value is one ConfigError naming the key (e.g. `eval.tria
 
 from __future__ import annotations
 
+import difflib
 import re
 from typing import Any, Literal, Optional
 
@@ -39,6 +40,8 @@ class SolutionsConfig(_Strict):
     """Extra folders of solution JSON files (beside the dataset's own solutions/)."""
     names: Optional[list[str]] = None
     """Solution names to sweep; null for all."""
+    include_reference: bool = False
+    """Also evaluate each definition's reference as a candidate (author `reference`)."""
 
 
 class StoreConfig(_Strict):
@@ -96,7 +99,11 @@ class SweepSection(_Strict):
     flush_interval_s: float = Field(default=10.0, gt=0)
     """...or after this many seconds, whichever comes first."""
     progress: bool = True
-    """Show a progress line with counts per status."""
+    """Show start-up phases and a progress bar (plain lines when output is not a terminal)."""
+    allow_mixed_datasets: bool = False
+    """Let this sweep name hold results of more than one dataset (refused by default)."""
+    verbose: bool = False
+    """Show Ray's own messages and fibray's debug log."""
 
     @field_validator("name")
     @classmethod
@@ -116,6 +123,34 @@ class SweepConfig(_Strict):
     runner: RunnerConfig = Field(default_factory=RunnerConfig)
 
 
+def config_keys(model: type[BaseModel] = SweepConfig, prefix: str = "") -> list[str]:
+    """Every valid key of the sweep configuration, dotted (`eval.iterations`), in declaration order."""
+    keys = []
+    for name, info in model.model_fields.items():
+        sub = info.annotation
+        if isinstance(sub, type) and issubclass(sub, BaseModel):
+            keys += config_keys(sub, f"{prefix}{name}.")
+        else:
+            keys.append(prefix + name)
+    return keys
+
+
+SECTIONS = tuple(SweepConfig.model_fields)
+"""The top-level sections (dataset, solutions, ...)."""
+
+
+def unknown_key_message(key: str) -> Optional[str]:
+    """None for a valid key or section; else 'unknown key X (did you mean Y?)'."""
+    keys = config_keys()
+    if key in keys or key in SECTIONS:
+        return None
+    section = key.split(".", 1)[0]
+    pool = [k for k in keys if k.startswith(section + ".")] if section in SECTIONS else keys
+    close = difflib.get_close_matches(key, pool, n=1, cutoff=0.6) or difflib.get_close_matches(key, keys, n=1, cutoff=0.6)
+    hint = f" (did you mean {close[0]}?)" if close else " (python -m fibray.sweep --help lists every key)"
+    return f"unknown key {key}{hint}"
+
+
 def validate_config(raw: dict[str, Any]) -> SweepConfig:
     """Validate a plain dict (the resolved Hydra config) into a SweepConfig."""
     raw = {k: v for k, v in raw.items() if k != "hydra"}
@@ -127,10 +162,13 @@ def validate_config(raw: dict[str, Any]) -> SweepConfig:
             key = ".".join(str(x) for x in err["loc"])
             msg = err["msg"].removeprefix("Value error, ")
             if err["type"] == "extra_forbidden":
-                msg = "unknown key"
-            elif err["type"] == "missing":
+                lines.append(unknown_key_message(key) or f"{key}: unknown key")
+                continue
+            if err["type"] == "missing":
                 msg = "required key is missing"
             else:
                 msg = f"{msg} (got {err.get('input')!r})"
-            lines.append(f"  {key}: {msg}")
-        raise ConfigError("invalid sweep configuration:\n" + "\n".join(lines)) from None
+            lines.append(f"{key}: {msg}")
+        if len(lines) == 1:
+            raise ConfigError(f"invalid sweep configuration: {lines[0]}") from None
+        raise ConfigError("invalid sweep configuration:\n" + "\n".join(f"  {ln}" for ln in lines)) from None

@@ -6,26 +6,60 @@ sweep resumes where it stopped. Records are buffered and published in atomic fil
 
 from __future__ import annotations
 
+import contextlib
 import logging
-import math
 import os
-import sys
+import shutil
+import signal
+import tempfile
 import time
-from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Optional
 
-from fibray.dataset import Dataset, load_dataset
-from fibray.schema import EvaluationStatus, Job, JobResult
-from fibray.store import TraceStore, to_row
+from fibray.dataset import Dataset, DatasetError, load_dataset
+from fibray.schema import Definition, Job, JobResult, Solution
+from fibray.store import StoreError, TraceStore, to_row
 from fibray.sweep.config import ConfigError, SweepConfig
+from fibray.sweep.console import Progress, quiet_ray
+from fibray.sweep.summary import format_summary, summary_rows  # noqa: F401  (their old home)
 from fibray.evaluate.phases import top_level
 
 if TYPE_CHECKING:
     from fibray.sweep.pool import PoolOptions
 
 log = logging.getLogger(__name__)
+
+REFERENCE_AUTHOR = "reference"
+"""Author of the reference candidates that `solutions.include_reference` adds."""
+
+
+def reference_solution(definition: Definition) -> Solution:
+    """The definition's reference as a candidate: `<definition>_reference` by author `reference`."""
+    return Solution.model_validate({
+        "name": f"{definition.name}_reference", "definition": definition.name, "author": REFERENCE_AUTHOR,
+        "spec": {"language": "python", "target_hardware": ["cuda", "cpu"], "entry_point": "main.py::run",
+                 "destination_passing_style": False},
+        "sources": [{"path": "main.py", "content": definition.reference}],
+        "description": "The definition's reference, evaluated as a candidate (solutions.include_reference).",
+    })
+
+
+def add_references(ds: Dataset) -> list[str]:
+    """Add each selected definition's reference to the dataset's solutions; returns the names added
+    (a solution already named `<definition>_reference` is kept and not replaced)."""
+    added = []
+    for definition in ds.definitions.values():
+        sol = reference_solution(definition)
+        if sol.name not in ds.solutions:
+            ds.solutions[sol.name] = sol
+            added.append(sol.name)
+    return added
+
+
+def unsolved_definitions(ds: Dataset) -> list[str]:
+    """Selected definitions that have workloads but no solution to evaluate."""
+    return [name for name in ds.definitions if ds.workloads.get(name) and not ds.solutions_for(name)]
 
 
 def make_jobs(ds: Dataset, cfg: SweepConfig) -> list[Job]:
@@ -43,32 +77,26 @@ def make_jobs(ds: Dataset, cfg: SweepConfig) -> list[Job]:
     return jobs
 
 
-class Progress:
-    """A one-line progress report with counts per status."""
+def check_one_dataset(store: TraceStore, cfg: SweepConfig, ds: Dataset) -> None:
+    """Refuse to add this dataset's results to a sweep that holds another dataset's (by content hash)."""
+    if cfg.sweep.allow_mixed_datasets:
+        return
+    table = store.read(sweep=cfg.sweep.name, columns=["dataset_name", "dataset_hash"])
+    others = sorted({(n or "?", h) for n, h in zip(table.column("dataset_name").to_pylist(),
+                                                  table.column("dataset_hash").to_pylist()) if h and h != ds.hash})
+    if others:
+        held = ", ".join(f"{n!r} ({h[:12]})" for n, h in others)
+        raise StoreError(f"sweep.name: sweep {cfg.sweep.name!r} in {store.root} holds results of dataset {held}, not of "
+                         f"{ds.name!r} ({ds.hash[:12]}) at {ds.root}; choose another sweep.name, or set "
+                         f"sweep.allow_mixed_datasets=true to mix them")
 
-    def __init__(self, total: int, enabled: bool) -> None:
-        self.total, self.enabled = total, enabled
-        self.counts: Counter[str] = Counter()
-        self.t0 = self._last = time.monotonic()
-        self.tty = sys.stderr.isatty()
 
-    def update(self, status: str) -> None:
-        self.counts[status] += 1
-        now = time.monotonic()
-        done = sum(self.counts.values())
-        if self.enabled and (self.tty or now - self._last > 5 or done == self.total):
-            self._last = now
-            self._print(done, now)
+class SweepInterrupted(KeyboardInterrupt):
+    """The sweep was interrupted (Ctrl-C); what was recorded is saved and a rerun resumes."""
 
-    def _print(self, done: int, now: float) -> None:
-        rate = done / max(now - self.t0, 1e-9)
-        counts = " ".join(f"{k}={v}" for k, v in sorted(self.counts.items()))
-        line = f"[{done}/{self.total}] {rate:.1f} eval/s  {counts}"
-        print(("\r" + line + "\x1b[K") if self.tty else line, end="" if self.tty else "\n", file=sys.stderr, flush=True)
-
-    def close(self) -> None:
-        if self.enabled and self.tty and self.counts:
-            print(file=sys.stderr)
+    def __init__(self, sweep: str, saved: int, total_saved: int, total_jobs: int, store: Path) -> None:
+        super().__init__(sweep)
+        self.sweep, self.saved, self.total_saved, self.total_jobs, self.store = sweep, saved, total_saved, total_jobs, store
 
 
 @dataclass
@@ -117,8 +145,11 @@ class SweepReport:
 class _Recorder:
     """Buffers rows and publishes them to the store by size or age."""
 
-    def __init__(self, store: TraceStore, flush_rows: int, flush_interval_s: float) -> None:
+    def __init__(self, store: TraceStore, flush_rows: int, flush_interval_s: float, ds: Dataset) -> None:
         self.store, self.flush_rows, self.flush_interval_s = store, flush_rows, flush_interval_s
+        self.dataset = (ds.name, ds.hash)
+        self.published = 0
+        """Rows already in published files."""
         self.buffer: list[dict] = []
         self.seen: set[str] = set()
         self.files: list[Path] = []
@@ -128,7 +159,7 @@ class _Recorder:
         if job.job_id in self.seen:
             return False
         self.seen.add(job.job_id)
-        self.buffer.append(to_row(job, result))
+        self.buffer.append(to_row(job, result, dataset_name=self.dataset[0], dataset_hash=self.dataset[1]))
         if len(self.buffer) >= self.flush_rows or time.monotonic() - self._last > self.flush_interval_s:
             self.flush()
         return True
@@ -136,6 +167,7 @@ class _Recorder:
     def flush(self) -> None:
         if self.buffer:
             self.files.extend(self.store.append(self.buffer))
+            self.published += len(self.buffer)
             self.buffer = []
         self._last = time.monotonic()
 
@@ -144,12 +176,15 @@ def init_ray(cfg: SweepConfig) -> tuple[int, bool]:
     """Start or join Ray; returns (GPU slots to use, whether we started Ray)."""
     import ray
 
+    quiet = not (cfg.sweep.verbose or cfg.cluster.log_to_driver)
+    quiet_ray(quiet)
     address = cfg.cluster.address or os.environ.get("RAY_ADDRESS")
     started = False
     if ray.is_initialized():
         pass
     elif address:
-        ray.init(address=address, log_to_driver=cfg.cluster.log_to_driver)
+        log.info("joining the Ray cluster at %s ...", address)
+        ray.init(address=address, log_to_driver=cfg.cluster.log_to_driver, configure_logging=not quiet)
     else:
         from fibray.workers.start import visible_gpu_count
 
@@ -157,6 +192,7 @@ def init_ray(cfg: SweepConfig) -> tuple[int, bool]:
         if real and cfg.cluster.num_gpus and cfg.cluster.num_gpus > real:
             raise ConfigError(f"cluster.num_gpus: {cfg.cluster.num_gpus} requested but this machine has {real} GPU(s)")
         gpus = (cfg.cluster.num_gpus or real) if real else (cfg.cluster.num_gpus or 2)
+        log.info("starting a local Ray (%d %sGPU(s)) ...", gpus, "" if real else "logical ")
         ray.init(address="local", num_gpus=gpus, num_cpus=cfg.cluster.num_cpus, include_dashboard=False,
                  log_to_driver=cfg.cluster.log_to_driver, configure_logging=False)
         started = True
@@ -184,6 +220,7 @@ def compile_ahead_on_cpus(todo: list[Job], cfg: SweepConfig) -> Optional[str]:
         log.warning("store root %s is not reachable by unprivileged executors; builds are not shared", cache.parent)
         return None
     deadline = cfg.eval.build_deadline_s
+    log.info("compiling %d CUDA/C++ solution(s) ahead on CPU workers ...", len(solutions))
     task = ray.remote(num_cpus=1)(compile_ahead)
     refs = [task.remote(s, str(cache), deadline) for s in solutions.values()]
     done, pending = ray.wait(refs, num_returns=len(refs), timeout=deadline + 120)
@@ -193,15 +230,17 @@ def compile_ahead_on_cpus(todo: list[Job], cfg: SweepConfig) -> Optional[str]:
     return str(cache)
 
 
-def pool_options(cfg: SweepConfig, slots: int, cpus: int, build_cache: Optional[str]) -> PoolOptions:
-    """The worker pool's options from the runner and cluster sections (sweeps and the agent loop share them)."""
+def pool_options(cfg: SweepConfig, slots: int, cpus: int, build_cache: Optional[str],
+                 workdir: Optional[str] = None) -> PoolOptions:
+    """The worker pool's options from the runner and cluster sections (sweeps and the agent loop share them);
+    `workdir` overrides runner.workdir."""
     from fibray.sweep.pool import PoolOptions
 
     r = cfg.runner
     return PoolOptions(
         num_slots=slots, torch_threads=max(1, cpus // slots), start_deadline_s=cfg.cluster.start_deadline_s,
         isolation=r.isolation, quarantine_after=r.quarantine_after, max_attempts=r.max_attempts,
-        standby=r.standby, spare_isolated=r.spare_isolated, lanes=r.lanes, workdir=r.workdir,
+        standby=r.standby, spare_isolated=r.spare_isolated, lanes=r.lanes, workdir=workdir or r.workdir,
         sandbox={"isolate_network": r.isolate_network, "drop_privileges": r.drop_privileges,
                  "memory_limit_bytes": int(r.memory_limit_gb * (1 << 30)) if r.memory_limit_gb else None,
                  "max_open_files": r.max_open_files, "max_processes": r.max_processes,
@@ -209,36 +248,90 @@ def pool_options(cfg: SweepConfig, slots: int, cpus: int, build_cache: Optional[
     )
 
 
-def run_sweep(cfg: SweepConfig) -> SweepReport:
-    """Run (or resume) a sweep to completion and return what it did."""
-    from fibray.sweep.pool import WorkerPool
-
-    t0 = time.monotonic()
+def load_sweep_dataset(cfg: SweepConfig) -> Dataset:
+    """The dataset as the config selects it, with the references added when asked; definitions
+    without a solution are a warning, and no solution at all is an error."""
+    log.info("loading dataset %s ...", cfg.dataset.root)
     ds = load_dataset(
         cfg.dataset.root, definitions=cfg.dataset.definitions, solution_roots=cfg.solutions.roots,
         solutions=cfg.solutions.names, workload_set=cfg.dataset.workload_set,
         max_workloads_per_definition=cfg.dataset.max_workloads_per_definition, split=cfg.dataset.split,
     )
+    if cfg.solutions.include_reference:
+        add_references(ds)
+    unsolved = unsolved_definitions(ds)
+    hint = ("set solutions.include_reference=true to evaluate each definition's reference, or name a folder of "
+            "solutions with solutions.roots=[DIR]")
+    if unsolved and len(unsolved) == sum(1 for n in ds.definitions if ds.workloads.get(n)):
+        raise DatasetError(f"solutions: no solution for any selected definition of {ds.root} "
+                           f"({', '.join(unsolved)}); {hint}")
+    if unsolved:
+        log.warning("no solutions for %d definition(s), which get no jobs: %s (%s)", len(unsolved), ", ".join(unsolved), hint)
+    return ds
+
+
+def _make_workdir(cfg: SweepConfig, started_ray: bool) -> tuple[Optional[str], Optional[str]]:
+    """(where the slots make their private directories, a folder to remove when the sweep ends).
+
+    For a Ray of our own that is one temporary folder, removed at the end (also on error or Ctrl-C);
+    otherwise runner.workdir as given (None: the slots' own default)."""
+    if cfg.runner.workdir or not started_ray:
+        return cfg.runner.workdir, None
+    path = tempfile.mkdtemp(prefix=f"fibray-sweep-{cfg.sweep.name}-")
+    os.chmod(path, 0o755)  # unprivileged executors reach their directories through it
+    return path, path
+
+
+def _second_interrupt(signum: int, frame: object) -> None:
+    print("\nfibray.sweep: interrupted again; exiting without waiting for the slots to stop", flush=True)
+    os._exit(130)
+
+
+def run_sweep(cfg: SweepConfig) -> SweepReport:
+    """Run (or resume) a sweep to completion and return what it did.
+
+    Ctrl-C (KeyboardInterrupt) publishes what was recorded, stops the slots and Ray, and raises
+    SweepInterrupted with the counts; a second Ctrl-C exits at once.
+    """
+    t0 = time.monotonic()
+    ds = load_sweep_dataset(cfg)
     jobs = make_jobs(ds, cfg)
     store = TraceStore(cfg.store.root)
     with store.lock(cfg.sweep.name):
+        check_one_dataset(store, cfg, ds)
         done = store.job_ids(cfg.sweep.name)
         salt = store.sweep_salt(cfg.sweep.name)  # inputs no candidate can predict; the same on a resume
         todo = [j.salted(salt) for j in jobs if j.job_id not in done]
-        log.info("sweep %s: %d definitions, %d solutions, %d jobs, %d already recorded",
-                 cfg.sweep.name, len(ds.definitions), len(ds.solutions), len(jobs), len(jobs) - len(todo))
+        log.info("sweep %s: dataset %s (%s), %d definitions, %d solutions, %d jobs, %d already recorded",
+                 cfg.sweep.name, ds.name, ds.hash[:12], len(ds.definitions), len(ds.solutions), len(jobs),
+                 len(jobs) - len(todo))
         report = SweepReport(cfg.sweep.name, len(jobs), len(jobs) - len(todo), 0)
         if not todo:
             report.wall_s = time.monotonic() - t0
             return report
-        import ray
+        recorder = _Recorder(store, cfg.sweep.flush_rows, cfg.sweep.flush_interval_s, ds)
+        try:
+            _run(cfg, todo, report, recorder, t0)
+        except KeyboardInterrupt:
+            raise SweepInterrupted(cfg.sweep.name, recorder.published, len(done) + recorder.published, len(jobs),
+                                   store.root.resolve()) from None
+        return report
 
+
+def _run(cfg: SweepConfig, todo: list[Job], report: SweepReport, recorder: _Recorder, t0: float) -> None:
+    import ray
+
+    from fibray.sweep.pool import WorkerPool
+
+    started, pool, progress, remove, previous = False, None, None, None, None
+    try:
         slots, started = init_ray(cfg)
+        workdir, remove = _make_workdir(cfg, started)
         cpus = int(ray.cluster_resources().get("CPU", os.cpu_count() or 1))
         r = cfg.runner
         build_cache = compile_ahead_on_cpus(todo, cfg)
-        pool = WorkerPool(pool_options(cfg, slots, cpus, build_cache))
-        recorder = _Recorder(store, cfg.sweep.flush_rows, cfg.sweep.flush_interval_s)
+        pool = WorkerPool(pool_options(cfg, slots, cpus, build_cache, workdir=workdir))
+        log.info("starting %d GPU slot(s) (executors, torch, warm standby) ...", slots)
         progress = Progress(len(todo), cfg.sweep.progress)
 
         def on_result(job: Job, result: JobResult) -> None:
@@ -248,63 +341,33 @@ def run_sweep(cfg: SweepConfig) -> SweepReport:
                     report.phases[name] = report.phases.get(name, 0.0) + seconds
 
         report.slots, report.lanes, report.setup_s = slots, r.lanes, time.monotonic() - t0
-        try:
-            pool.run(todo, on_result)
-            first = pool.first_dispatch if pool.first_dispatch is not None else time.monotonic()
-            report.start_s, report.run_s = first - t0 - report.setup_s, time.monotonic() - first
-            report.slot_stats = pool.slot_stats()
-        finally:
-            recorder.flush()
+        pool.run(todo, on_result)
+        first = pool.first_dispatch if pool.first_dispatch is not None else time.monotonic()
+        report.start_s, report.run_s = first - t0 - report.setup_s, time.monotonic() - first
+        report.slot_stats = pool.slot_stats()
+    except KeyboardInterrupt:
+        with contextlib.suppress(ValueError):  # not the main thread: no handler to change
+            previous = signal.signal(signal.SIGINT, _second_interrupt)  # cleaning up; a second Ctrl-C leaves at once
+        raise
+    finally:
+        recorder.flush()
+        if progress is not None:
             progress.close()
-            pool.shutdown()
-            if started:
-                ray.shutdown()
-        report.recorded = len(recorder.seen)
-        report.counts = dict(progress.counts)
-        report.files = recorder.files
-        report.wall_s = time.monotonic() - t0
-        return report
-
-
-def summary_rows(store: TraceStore, sweep: str, splits: Optional[tuple[str, ...]] = ("public",)) -> list[dict]:
-    """Per (definition, solution): passed/total and geomean speedup over passed workloads.
-
-    This is feedback (what a sweep tells the candidates' authors), so by default it counts
-    public workloads only (rows from before splits count as public); splits=None counts all.
-    """
-    table = store.read(sweep=sweep, columns=["definition", "solution", "author", "language", "status", "speedup",
-                                             "latency_ms", "split"])
-    groups: dict[tuple[str, str], dict] = {}
-    for r in table.to_pylist():
-        if splits is not None and (r["split"] or "public") not in splits:
-            continue
-        g = groups.setdefault((r["definition"], r["solution"]), {
-            "definition": r["definition"], "solution": r["solution"], "author": r["author"],
-            "language": r["language"], "passed": 0, "total": 0, "_logs": [], "statuses": Counter()})
-        g["total"] += 1
-        g["statuses"][r["status"]] += 1
-        if r["status"] == EvaluationStatus.PASSED.value:
-            g["passed"] += 1
-            if r["speedup"]:
-                g["_logs"].append(math.log(r["speedup"]))
-    out = []
-    for key in sorted(groups):
-        g = groups[key]
-        logs = g.pop("_logs")
-        g["geomean_speedup"] = math.exp(sum(logs) / len(logs)) if logs else None
-        g["statuses"] = dict(g["statuses"])
-        out.append(g)
-    return out
-
-
-def format_summary(rows: list[dict]) -> str:
-    """The summary table as aligned text."""
-    header = ("definition", "solution", "author", "lang", "passed", "geomean_speedup", "statuses")
-    body = [(
-        r["definition"], r["solution"], r["author"], r["language"], f"{r['passed']}/{r['total']}",
-        f"{r['geomean_speedup']:.3f}x" if r["geomean_speedup"] else "-",
-        ", ".join(f"{k}:{v}" for k, v in sorted(r["statuses"].items())),
-    ) for r in rows]
-    widths = [max(len(h), *(len(b[i]) for b in body)) if body else len(h) for i, h in enumerate(header)]
-    fmt = "  ".join(f"{{:<{w}}}" for w in widths)
-    return "\n".join([fmt.format(*header), fmt.format(*("-" * w for w in widths)), *(fmt.format(*b) for b in body)])
+        try:
+            # After Ctrl-C, Ray's own processes (same process group) may be gone already: stopping is best effort.
+            with contextlib.suppress(Exception) if previous is not None else contextlib.nullcontext():
+                try:
+                    if pool is not None:
+                        pool.shutdown()
+                finally:
+                    if started:
+                        ray.shutdown()
+        finally:
+            if remove:
+                shutil.rmtree(remove, ignore_errors=True)
+            if previous is not None:
+                signal.signal(signal.SIGINT, previous)
+    report.recorded = len(recorder.seen)
+    report.counts = dict(progress.counts)
+    report.files = recorder.files
+    report.wall_s = time.monotonic() - t0
