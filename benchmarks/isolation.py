@@ -26,6 +26,7 @@ def main() -> None:
 
     from fibray.evaluate import now_iso
     from fibray.workers.slot import GpuSlot
+    from fibray.workers.spec import SlotSpec
     from recovery import _job
 
     ap = argparse.ArgumentParser()
@@ -34,7 +35,7 @@ def main() -> None:
     args = ap.parse_args()
     workdir = tempfile.mkdtemp(prefix="fibray-isolation-", dir="/tmp")
     os.chmod(workdir, 0o755)
-    slot = GpuSlot("bench", workdir=workdir, standby=True, spare_isolated=args.spares)
+    slot = GpuSlot(SlotSpec("bench", workdir=workdir, standby=True, spare_isolated=args.spares))
     slot.info()
     slot.evaluate(_job(10_000), "persistent", now_iso())
     slot.evaluate(_job(10_001), "isolated", now_iso())  # fills the pool of spares

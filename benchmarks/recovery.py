@@ -44,6 +44,7 @@ def main() -> None:
 
     from fibray.evaluate import now_iso
     from fibray.workers.slot import GpuSlot
+    from fibray.workers.spec import SlotSpec
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeats", type=int, default=5)
@@ -53,7 +54,7 @@ def main() -> None:
     os.chmod(workdir, 0o755)
 
     def measure(standby: bool) -> list[float]:
-        slot = GpuSlot("bench", workdir=workdir, standby=standby, spare_isolated=0)
+        slot = GpuSlot(SlotSpec("bench", workdir=workdir, standby=standby, spare_isolated=0))
         slot.info()
         if slot.standby is not None:
             slot._ready(slot.standby)
@@ -86,7 +87,7 @@ def main() -> None:
     actor_times = []
     for i in range(args.actor_repeats):
         t0 = time.perf_counter()
-        a = remote.options(num_gpus=1, num_cpus=0).remote("bench", None, workdir, None, True, 0)
+        a = remote.options(num_gpus=1, num_cpus=0).remote(SlotSpec("bench", workdir=workdir, standby=True, spare_isolated=0))
         r = ray.get(a.evaluate.remote(_job(0), "persistent", now_iso()), timeout=600)
         actor_times.append(time.perf_counter() - t0)
         assert r.evaluation.status.value == "PASSED"

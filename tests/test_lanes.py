@@ -16,6 +16,7 @@ from fibray.schema import Solution
 from fibray.store import scan
 from fibray.sweep import run_sweep
 from fibray.workers.slot import GpuLock, GpuSlot
+from fibray.workers.spec import SlotSpec
 from _sweep_helpers import reachable_tmpdir, smoke_config
 from test_slot import _jobs
 
@@ -93,7 +94,7 @@ def run(hidden_states, weight, output):
 
 @pytest.fixture(scope="module")
 def lanes_slot():
-    s = GpuSlot("lanes", workdir=str(reachable_tmpdir("fibray-lanes-")), standby=True, spare_isolated=1, lanes=2)
+    s = GpuSlot(SlotSpec("lanes", workdir=str(reachable_tmpdir("fibray-lanes-")), standby=True, spare_isolated=1, lanes=2))
     s.gpu = _Recorder()
     s.info()
     yield s

@@ -12,6 +12,7 @@ from fibray.dataset import load_dataset
 from fibray.evaluate import now_iso
 from fibray.schema import EvalSettings, Job
 from fibray.workers.slot import GpuSlot
+from fibray.workers.spec import SlotSpec
 from _sweep_helpers import REPO, reachable_tmpdir
 
 
@@ -26,7 +27,7 @@ def _jobs(solution: str = "rmsnorm_h4096_torch") -> list[Job]:
 
 @pytest.fixture(scope="module")
 def slot():
-    s = GpuSlot("test", workdir=str(reachable_tmpdir("fibray-slot-")), standby=True, spare_isolated=1)
+    s = GpuSlot(SlotSpec("test", workdir=str(reachable_tmpdir("fibray-slot-")), standby=True, spare_isolated=1))
     s.info()
     yield s
     s.shutdown()
@@ -180,3 +181,34 @@ def test_a_candidate_that_hangs_while_timed_is_a_timeout_and_its_executor_is_kil
     ev = result.evaluation
     assert (ev.status.value, ev.reason) == ("TIMEOUT", "run_timeout"), ev.log[-300:]
     assert result.escalated and slot.active.pid != active  # the hung executor is gone, not waited for
+
+
+_RUNS_OUT_OF_MEMORY_WHEN_TIMED = '''import torch
+
+_calls = [0]
+
+
+def run(hidden_states, weight, output):
+    _calls[0] += 1
+    if _calls[0] > 2:  # its correctness call passes; a timed call raises
+        raise MemoryError()
+    x = hidden_states.float()
+    output.copy_((x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5) * weight.float()).to(output.dtype))
+'''
+
+
+def test_a_failure_while_timed_keeps_the_executors_status_reason_and_log(slot):
+    """The executor classified the candidate's exception (out_of_memory) and sent its traceback:
+    the verdict is that, not a generic failed_during_timing with the supervisor's repr of it."""
+    from fibray.schema import Solution
+
+    job = _jobs()[0]
+    oom = Solution.model_validate({
+        "name": "oom_when_timed", "definition": "rmsnorm_h4096", "author": "t",
+        "spec": {"language": "python", "target_hardware": ["cpu"], "entry_point": "main.py::run",
+                 "destination_passing_style": True},
+        "sources": [{"path": "main.py", "content": _RUNS_OUT_OF_MEMORY_WHEN_TIMED}]})
+    result = slot.evaluate(job.model_copy(update={"job_id": "oom-timed", "solution": oom}), "auto", now_iso())
+    ev = result.evaluation
+    assert (ev.status.value, ev.reason) == ("RUNTIME_ERROR", "out_of_memory"), (ev.reason, ev.log[-300:])
+    assert "Traceback" in ev.log and "MemoryError" in ev.log and not result.escalated

@@ -69,8 +69,6 @@ class IndexReport:
     """PASSED rows that entered the ranking."""
     rejected: Counter[str] = field(default_factory=Counter)
     """Reason -> rows left out (incompatible_hardware, incompatible_torch, outside_tolerance, ...)."""
-    disqualified: int = 0
-    """(key, solution) pairs dropped because the solution failed at that key."""
 
 
 def read_rows(store: str | Path | TraceStore, sweeps: list[str] | None = None) -> list[dict[str, Any]]:
@@ -161,8 +159,7 @@ def build_index(
     for name, key, sol_hash in failed:
         index.setdefault(name, DefinitionIndex(definitions[name])).failed.setdefault(key, set()).add(sol_hash)
     for (name, key, sol_hash), values in latencies.items():
-        if (name, key, sol_hash) in failed:
-            report.disqualified += 1
+        if (name, key, sol_hash) in failed:  # the solution failed at that key: never served there
             continue
         entry = index.setdefault(name, DefinitionIndex(definitions[name]))
         entry.ranked.setdefault(key, []).append(Candidate(by_hash[sol_hash], statistics.median(values), len(values)))

@@ -25,6 +25,7 @@ from typing import Callable, Iterator, Literal, Optional, Protocol
 
 from pydantic import BaseModel, ConfigDict
 
+from fibray import deadlines
 from fibray.compile.base import BuildError
 from fibray.schema import Solution
 from fibray.schema.reasons import Reason
@@ -117,8 +118,9 @@ class CacheResult:
 class ArtifactCache:
     """A directory of compiled artifacts that many processes (and nodes on a shared FS) use at once."""
 
-    def __init__(self, root: str | Path, *, lock_deadline_s: float = 900.0, compile_timeout_s: float = 600.0,
-                 poll_s: float = 0.2) -> None:
+    def __init__(self, root: str | Path, *, lock_deadline_s: float = deadlines.BUILD_LOCK_S,
+                 compile_timeout_s: float = deadlines.COMPILE_S,
+                 poll_s: float = deadlines.BUILD_LOCK_POLL_S) -> None:
         self.root = Path(root)
         self.lock_deadline_s = lock_deadline_s
         self.compile_timeout_s = compile_timeout_s
@@ -206,7 +208,7 @@ class ArtifactCache:
 
 
 @contextlib.contextmanager
-def exclusive_lock(path: Path, deadline_s: float, poll_s: float = 0.2) -> Iterator[None]:
+def exclusive_lock(path: Path, deadline_s: float, poll_s: float = deadlines.BUILD_LOCK_POLL_S) -> Iterator[None]:
     """Hold an exclusive flock on `path` (any user may take it), waiting at most deadline_s for
     another holder; BuildLockTimeout names the holder (host:pid written by it) when it does not let go."""
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
@@ -230,7 +232,7 @@ def exclusive_lock(path: Path, deadline_s: float, poll_s: float = 0.2) -> Iterat
         os.close(fd)  # closing releases the flock
 
 
-def compile_ahead(solution: Solution, cache_dir: str | Path, timeout_s: float = 600.0) -> Optional[str]:
+def compile_ahead(solution: Solution, cache_dir: str | Path, timeout_s: float = deadlines.COMPILE_S) -> Optional[str]:
     """Compile a solution into the shared cache before any GPU sees it (a plain CPU task).
 
     Returns the error text of a failed compile (cached or fresh), or None when the solution
@@ -240,7 +242,7 @@ def compile_ahead(solution: Solution, cache_dir: str | Path, timeout_s: float = 
     """
     if compiler_for(solution.spec.language.value) is None:
         return None
-    result = ArtifactCache(cache_dir, compile_timeout_s=timeout_s, lock_deadline_s=timeout_s + 60).ensure(solution)
+    result = ArtifactCache(cache_dir, compile_timeout_s=timeout_s, lock_deadline_s=timeout_s + deadlines.BUILD_LOCK_GRACE_S).ensure(solution)
     return None if result.entry.status == "ok" else result.entry.message
 
 

@@ -52,6 +52,7 @@ from typing import Any, Callable, Literal, Optional, Sequence
 
 from pydantic import BaseModel
 
+from fibray import deadlines
 from fibray.compile.base import BuildError, Runnable, register_builder
 from fibray.compile.cache import ArtifactCache, register_compiler
 from fibray.schema import Definition, Solution
@@ -156,7 +157,7 @@ def host_compiler() -> str:
 @functools.cache
 def _tool_version(tool: str) -> str:
     try:
-        out = subprocess.run([tool, "--version"], capture_output=True, text=True, timeout=60).stdout
+        out = subprocess.run([tool, "--version"], capture_output=True, text=True, timeout=deadlines.TOOL_VERSION_S).stdout
     except (OSError, subprocess.TimeoutExpired):
         return "missing"
     lines = [ln for ln in out.splitlines() if ln.strip()]
@@ -195,7 +196,7 @@ def _nvcc_or_name() -> str:
 
 # -- compile -----------------------------------------------------------------------------
 @register_compiler("cuda", "cpp", fingerprint=toolchain_fingerprint)
-def compile_solution(solution: Solution, outdir: Path, timeout_s: float = 600.0) -> None:
+def compile_solution(solution: Solution, outdir: Path, timeout_s: float = deadlines.COMPILE_S) -> None:
     """Compile a cuda/cpp solution into outdir (sources in outdir/src, the library, cuda_artifact.json)."""
     binding = binding_of(solution)
     entry = Path(solution.entry_file)

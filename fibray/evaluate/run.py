@@ -20,7 +20,7 @@ from typing import Any, Optional
 import torch
 
 from fibray.compile import build_reference, prepare_triton
-from fibray.evaluate.candidate import CandidateFailure, CandidateRunner, TrialOutput, normalize_outputs
+from fibray.evaluate.candidate import CandidateRunner, TrialOutput, normalize_outputs
 from fibray.check import CheckResult, Draws, Tolerance, checker_for, wants_draws
 from fibray.evaluate.inputs import BlobCache, InputError, clone_args, job_inputs, torch_dtype
 from fibray.schema import (
@@ -79,9 +79,6 @@ class Judge:
             corr = Correctness(max_absolute_error=m.max_abs, max_relative_error=m.max_rel, extra=m.extra or None)
         return Evaluation(status=status, reason=reason, log=bound_log(log, s.log_limit), correctness=corr,
                           environment=self.env, timestamp=now_iso())
-
-    def from_failure(self, f: CandidateFailure, s: EvalSettings) -> Evaluation:
-        return self.fail(f.status, f.reason, f.log, s)
 
     # -- reference side --------------------------------------------------------------------
     def _reference(self, definition: Definition):
@@ -207,6 +204,15 @@ class SideFault(Exception):
     candidate's call failing: run_job passes it up to whoever runs that side, never judges it."""
 
 
+class CandidateCallFailed(Exception):
+    """The candidate's call failed and its side already classified the failure: an executor's own
+    status, reason and log for an exception its candidate raised, which run_job keeps as they are."""
+
+    def __init__(self, status: Status | str, reason: str, log: str) -> None:
+        super().__init__(f"{reason}: {log[:200]}")
+        self.status, self.reason, self.log = status, reason, log
+
+
 class _OwnGpu:
     """The GPU lock of a process that runs one job at a time: never waits."""
 
@@ -251,11 +257,13 @@ def run_job(job: Job, judge: Judge, calls, phases: Optional[Phases] = None, gpu=
         raise
     except BoundBroken as e:  # the report contradicts what this process saw: a lie about latency
         return judge.fail(Status.RUNTIME_ERROR, e.reason, e.message, s)
+    except CandidateCallFailed as e:  # classified where it was raised (an executor)
+        return judge.fail(e.status or Status.RUNTIME_ERROR, _when_timed(e.reason), e.log, s)
     except Exception as e:  # the candidate failed when called again and again
         from fibray.evaluate.candidate import classify_exception
 
         status, reason = classify_exception(e)
-        return judge.fail(status, Reason.FAILED_DURING_TIMING if reason == Reason.EXCEPTION else reason, repr(e), s)
+        return judge.fail(status, _when_timed(reason), repr(e), s)
     with gpu.hold(phase, "recheck"):
         again = judge.check(job, state, s.trials, calls.recheck(job))
     if not again.ok:
@@ -265,3 +273,8 @@ def run_job(job: Job, judge: Judge, calls, phases: Optional[Phases] = None, gpu=
         return judge.failed(job, again)
     with gpu.hold(phase, "reference_timing", exclusive=True):
         return judge.passed(job, state, verdict, timing)
+
+
+def _when_timed(reason: str) -> str:
+    """A plain exception raised while timed is `failed_during_timing`; a specific reason stays."""
+    return Reason.FAILED_DURING_TIMING if reason == Reason.EXCEPTION else reason

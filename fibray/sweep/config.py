@@ -11,6 +11,7 @@ from typing import Any, Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from fibray import deadlines
 from fibray.schema import EvalSettings
 
 
@@ -56,7 +57,7 @@ class ClusterConfig(_Strict):
     """GPUs to use; on a CPU-only machine this many logical GPUs are declared. null: all GPUs, or 2 logical."""
     num_cpus: Optional[int] = Field(default=None, ge=1)
     """CPUs for a local Ray; null: all."""
-    start_deadline_s: float = Field(default=180.0, gt=0)
+    start_deadline_s: float = Field(default=deadlines.SLOT_START_S, gt=0)
     """Deadline for one worker actor to start, seconds."""
     log_to_driver: bool = False
     """Forward worker (candidate) stdout/stderr to the driver's console."""

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Optional
 
+from fibray import deadlines
 from fibray.dataset import Dataset, DatasetError, load_dataset
 from fibray.schema import Definition, Job, JobResult, Solution
 from fibray.store import StoreError, TraceStore, to_row
@@ -223,7 +224,7 @@ def compile_ahead_on_cpus(todo: list[Job], cfg: SweepConfig) -> Optional[str]:
     log.info("compiling %d CUDA/C++ solution(s) ahead on CPU workers ...", len(solutions))
     task = ray.remote(num_cpus=1)(compile_ahead)
     refs = [task.remote(s, str(cache), deadline) for s in solutions.values()]
-    done, pending = ray.wait(refs, num_returns=len(refs), timeout=deadline + 120)
+    done, pending = ray.wait(refs, num_returns=len(refs), timeout=deadline + deadlines.COMPILE_AHEAD_GRACE_S)
     failed = sum(1 for r in done if ray.get(r) is not None)
     log.info("compiled %d CUDA/C++ solutions ahead on CPU workers (%d failed, %d still compiling)",
              len(done), failed, len(pending))
@@ -236,16 +237,9 @@ def pool_options(cfg: SweepConfig, slots: int, cpus: int, build_cache: Optional[
     `workdir` overrides runner.workdir."""
     from fibray.sweep.pool import PoolOptions
 
-    r = cfg.runner
-    return PoolOptions(
-        num_slots=slots, torch_threads=max(1, cpus // slots), start_deadline_s=cfg.cluster.start_deadline_s,
-        isolation=r.isolation, quarantine_after=r.quarantine_after, max_attempts=r.max_attempts,
-        standby=r.standby, spare_isolated=r.spare_isolated, lanes=r.lanes, workdir=workdir or r.workdir,
-        sandbox={"isolate_network": r.isolate_network, "drop_privileges": r.drop_privileges,
-                 "memory_limit_bytes": int(r.memory_limit_gb * (1 << 30)) if r.memory_limit_gb else None,
-                 "max_open_files": r.max_open_files, "max_processes": r.max_processes,
-                 "build_cache": build_cache},
-    )
+    return PoolOptions.from_runner(cfg.runner, num_slots=slots, torch_threads=max(1, cpus // slots),
+                                   start_deadline_s=cfg.cluster.start_deadline_s, build_cache=build_cache,
+                                   workdir=workdir)
 
 
 def load_sweep_dataset(cfg: SweepConfig) -> Dataset:

@@ -20,10 +20,13 @@ from typing import Any, Callable, Iterable, Optional
 import ray
 from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 
+from fibray import deadlines
 from fibray.schema.reasons import FAULT_REASONS, Reason
 from fibray.schema import Environment, Evaluation, EvaluationStatus, Job, JobResult
 from fibray.evaluate.phases import now_iso
+from fibray.sweep.config import RunnerConfig
 from fibray.workers.actor import SlotActor
+from fibray.workers.spec import SandboxPolicy, SlotSpec
 
 log = logging.getLogger(__name__)
 
@@ -36,22 +39,43 @@ class WorkerStartError(RuntimeError):
 
 @dataclass
 class PoolOptions:
-    """How many slots, and how they treat candidates."""
+    """How many slots, and how they treat candidates (the runner config, as the pool reads it)."""
 
     num_slots: int
     num_gpus_per_slot: float = 1.0
     num_cpus_per_slot: float = 0.0
     torch_threads: Optional[int] = None
     workdir: Optional[str] = None
-    start_deadline_s: float = 180.0
-    poll_s: float = 0.5
+    start_deadline_s: float = deadlines.SLOT_START_S
+    poll_s: float = deadlines.POOL_POLL_S
     isolation: str = "auto"          # auto | persistent | isolated
     quarantine_after: int = 3        # faults before a solution is quarantined
     max_attempts: int = 3            # re-runs of a job whose slot was lost
     standby: bool = True
     spare_isolated: int = 1
     lanes: int = 1                   # jobs in flight per slot
-    sandbox: dict = field(default_factory=dict)
+    sandbox: SandboxPolicy = field(default_factory=SandboxPolicy)
+
+    @classmethod
+    def from_runner(cls, r: RunnerConfig, *, num_slots: int, torch_threads: Optional[int] = None,
+                    start_deadline_s: float = deadlines.SLOT_START_S, build_cache: Optional[str] = None,
+                    workdir: Optional[str] = None) -> "PoolOptions":
+        """The sweep's `runner` section (and what the driver knows: slots, threads, the build cache);
+        `workdir` overrides runner.workdir."""
+        policy = SandboxPolicy(
+            isolate_network=r.isolate_network, drop_privileges=r.drop_privileges,
+            memory_limit_bytes=int(r.memory_limit_gb * (1 << 30)) if r.memory_limit_gb else None,
+            max_open_files=r.max_open_files, max_processes=r.max_processes, build_cache=build_cache)
+        return cls(num_slots=num_slots, torch_threads=torch_threads, start_deadline_s=start_deadline_s,
+                   isolation=r.isolation, quarantine_after=r.quarantine_after, max_attempts=r.max_attempts,
+                   standby=r.standby, spare_isolated=r.spare_isolated, lanes=r.lanes, workdir=workdir or r.workdir,
+                   sandbox=policy)
+
+    def slot_spec(self, name: str) -> SlotSpec:
+        """What one slot actor is asked to be (no spares where nothing is ever isolated)."""
+        return SlotSpec(name=name, sandbox=self.sandbox, workdir=self.workdir, torch_threads=self.torch_threads,
+                        standby=self.standby, spare_isolated=self.spare_isolated if self.isolation != "persistent" else 0,
+                        lanes=self.lanes)
 
 
 @dataclass
@@ -97,8 +121,7 @@ class WorkerPool:
         slot.actor = RemoteSlot.options(
             num_gpus=self.opt.num_gpus_per_slot, num_cpus=self.opt.num_cpus_per_slot, max_restarts=0,
             max_concurrency=self.opt.lanes + 2,  # its lanes' jobs, the one waiting, a stats or shutdown call
-        ).remote(f"gpu{slot.index}.{slot.generation}", self.opt.sandbox, self.opt.workdir, self.opt.torch_threads,
-                 self.opt.standby, self.opt.spare_isolated if self.opt.isolation != "persistent" else 0, self.opt.lanes)
+        ).remote(self.opt.slot_spec(f"gpu{slot.index}.{slot.generation}"))
         slot.phase, slot.start_ref, slot.inflight = "start", slot.actor.info.remote(), {}
         slot.start_deadline = time.monotonic() + self.opt.start_deadline_s
 
@@ -118,7 +141,7 @@ class WorkerPool:
         # come (no node can place it), and its executors end with it (they watch their parent)
         refs = [s.actor.shutdown.remote() for s in self.slots if s.actor is not None and s.phase == "ready"]
         try:
-            ray.wait(refs, num_returns=len(refs), timeout=30)
+            ray.wait(refs, num_returns=len(refs), timeout=deadlines.POOL_SHUTDOWN_S)
         finally:
             for slot in self.slots:
                 if slot.actor is not None:
@@ -127,7 +150,7 @@ class WorkerPool:
 
     def slot_stats(self) -> list[dict]:
         live = [s for s in self.slots if s.actor is not None and s.phase == "ready"]
-        return ray.get([s.actor.stats.remote() for s in live], timeout=30) if live else []
+        return ray.get([s.actor.stats.remote() for s in live], timeout=deadlines.SLOT_STATS_S) if live else []
 
     # -- scheduling ------------------------------------------------------------------------
     def run(self, jobs: Iterable[Job], on_result: Callable[[Job, JobResult], None],
@@ -222,7 +245,7 @@ class WorkerPool:
     def _started(self, slot: Slot) -> None:
         ref, slot.start_ref = slot.start_ref, None
         try:
-            value = ray.get(ref, timeout=10)
+            value = ray.get(ref, timeout=deadlines.READY_REF_S)
         except GetTimeoutError:
             slot.start_ref = ref
             return
@@ -235,7 +258,7 @@ class WorkerPool:
 
     def _complete(self, slot: Slot, ref: Any, on_result, groups) -> None:
         try:
-            value = ray.get(ref, timeout=10)
+            value = ray.get(ref, timeout=deadlines.READY_REF_S)
         except GetTimeoutError:
             return
         except RayActorError as e:

@@ -4,9 +4,10 @@ Names load on first use, so an executor starts without Ray or torch's slot side.
 
 from __future__ import annotations
 
-__all__ = ["GpuSlot", "SandboxPolicy", "SlotActor", "SlotStart"]
+__all__ = ["GpuSlot", "SandboxPolicy", "SlotActor", "SlotSpec", "SlotStart"]
 
-_HOME = {"SandboxPolicy": "process.sandbox", "GpuSlot": "slot", "SlotActor": "actor", "SlotStart": "start"}
+_HOME = {"SandboxPolicy": "process.sandbox", "GpuSlot": "slot", "SlotActor": "actor", "SlotSpec": "spec",
+         "SlotStart": "start"}
 
 
 def __getattr__(name: str):

@@ -4,21 +4,18 @@ then the supervisor (fibray.workers.slot.GpuSlot) is built around them while the
 
 from __future__ import annotations
 
-from typing import Optional
-
+from fibray.workers.spec import SlotSpec
 from fibray.workers.start import SlotStart
 
 
 class SlotActor:
     """What Ray runs for one GPU slot: executors first, then the supervisor (GpuSlot)."""
 
-    def __init__(self, name: str, policy: Optional[dict] = None, workdir: Optional[str] = None,
-                 torch_threads: Optional[int] = None, standby: bool = True, spare_isolated: int = 1,
-                 lanes: int = 1) -> None:
-        start = SlotStart.begin(name, policy, workdir, standby, lanes)
+    def __init__(self, spec: SlotSpec) -> None:
+        start = SlotStart.begin(spec)
         from fibray.workers.slot import GpuSlot  # torch, triton: while the executors warm up
 
-        self.slot = GpuSlot(name, policy, workdir, torch_threads, standby, spare_isolated, lanes, start=start)
+        self.slot = GpuSlot(spec, start=start)
 
     def info(self) -> dict:
         return self.slot.info()

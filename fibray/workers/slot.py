@@ -19,24 +19,24 @@ from typing import Optional
 
 import torch
 
+from fibray import deadlines
 from fibray.compile import BuildError, prepare_triton
 from fibray.evaluate.candidate import TrialOutput
 from fibray.schema.reasons import POISONING_REASONS, Reason
 from fibray.evaluate.environment import default_device, environment
 from fibray.evaluate.phases import now_iso
-from fibray.evaluate.run import Judge, SideFault, bound_log, run_job
+from fibray.evaluate.run import CandidateCallFailed, Judge, SideFault, bound_log, run_job
 from fibray.evaluate.phases import Phases
 from fibray.schema import EvalSettings, Evaluation, EvaluationStatus, Job, JobResult
 from fibray.timing import Timing
 from fibray.timing.bound import Overhead, calibrate, calibration_job
 from fibray.workers.process import sandbox
+from fibray.workers.spec import SlotSpec
 from fibray.workers.start import SlotStart
 from fibray.workers.process.executor import LEAK_BYTES
 from fibray.workers.process.channel import BadMessage, ChannelClosed, DeadlineExceeded, Reply, Request, recv, send
 
 Status = EvaluationStatus
-_READY_DEADLINE_S = 180.0
-_HEALTH_DEADLINE_S = 30.0
 
 
 class ExecutorFault(SideFault):
@@ -78,7 +78,7 @@ class _RemoteCalls:
                                 f"the executor's reply during {phase} was not a well-formed reply ({e}); executor killed") from None
         except ChannelClosed:
             try:
-                self.ex.proc.wait(timeout=5)
+                self.ex.proc.wait(timeout=deadlines.CLOSED_CHANNEL_EXIT_S)
             except Exception:  # still alive after closing its channel: it is killed by the caller
                 pass
             reason, detail = self.ex.exit_reason()
@@ -123,14 +123,8 @@ class _RemoteCalls:
         if not reply.ok:
             if reply.reason in POISONING_REASONS:
                 raise ExecutorFault(Status(reply.status or "RUNTIME_ERROR"), reply.reason, reply.error)
-            raise _CandidateTimingError(reply.status, reply.reason, reply.error)
+            raise CandidateCallFailed(reply.status or Status.RUNTIME_ERROR, reply.reason or Reason.EXCEPTION, reply.error)
         return reply.value
-
-
-class _CandidateTimingError(Exception):
-    def __init__(self, status: str, reason: str, log: str) -> None:
-        super().__init__(log)
-        self.status, self.reason, self.log = status, reason, log
 
 
 class GpuLock:
@@ -196,26 +190,25 @@ class GpuSlot:
     one warm standby replaces whichever of them dies, and the GPU lock keeps timing exclusive.
     """
 
-    def __init__(self, name: str, policy: Optional[dict] = None, workdir: Optional[str] = None,
-                 torch_threads: Optional[int] = None, standby: bool = True, spare_isolated: int = 1,
-                 lanes: int = 1, start: Optional[SlotStart] = None) -> None:
+    def __init__(self, spec: SlotSpec, start: Optional[SlotStart] = None) -> None:
         self._lock = threading.RLock()  # executor lists, spawning and stray reaping
         self._free = threading.Condition(self._lock)
         self.device = default_device()
         self.gpu = GpuLock((lambda: torch.cuda.synchronize(self.device)) if self.device.type == "cuda" else None)
         self.counters = {"promotions": 0, "retired": 0, "escalations": 0, "strays_killed": 0}
         self._busy = 0
-        self._lanes = threading.Semaphore(lanes)
+        self._lanes = threading.Semaphore(spec.lanes)
         """A job (persistent or isolated) holds a lane; a job sent ahead of time waits here for one."""
-        self.want_standby, self.spare_isolated, self.lanes = standby, spare_isolated, lanes
+        self.spec = spec
+        self.want_standby, self.spare_isolated, self.lanes = spec.standby, spec.spare_isolated, spec.lanes
         device = str(self.device) if self.device.type == "cuda" else "cpu"
         # executors first (unless the actor started them already): they warm up while this process does
         if start is None:
-            start = SlotStart.begin(name, policy, workdir, standby, lanes, device)
+            start = SlotStart.begin(spec, device)
         elif start.device != device:
             start.restart_on(device)
         self.start = start
-        self.name = f"{name}@{socket.gethostname()}:{os.getpid()}"
+        self.name = f"{spec.name}@{socket.gethostname()}:{os.getpid()}"
         self.base = start.base
         self.persistent = list(start.persistent)
         self.idle = list(self.persistent)
@@ -224,8 +217,8 @@ class GpuSlot:
         self.in_use: list[sandbox.Executor] = []
         """Single-use executors a job has taken (off the spare list, not yet retired)."""
         prepare_triton()
-        if torch_threads:
-            torch.set_num_threads(torch_threads)
+        if spec.torch_threads:
+            torch.set_num_threads(spec.torch_threads)
         if self.device.type == "cuda":
             torch.zeros(1, device=self.device)
         self.env = environment(self.device)
@@ -244,7 +237,7 @@ class GpuSlot:
         with self._lock:  # a stray reap in another lane never sees it before it is listed
             return self.start.spawn(single_use)
 
-    def _ready(self, ex: sandbox.Executor, deadline_s: float = _READY_DEADLINE_S) -> sandbox.Executor:
+    def _ready(self, ex: sandbox.Executor, deadline_s: float = deadlines.EXECUTOR_READY_S) -> sandbox.Executor:
         """The executor, warm and alive; RuntimeError if it could not start or has ended since it
         said it was ready (neither is the fault of the job about to use it)."""
 
@@ -320,7 +313,7 @@ class GpuSlot:
         with self.gpu.hold(phase, "health"):
             try:
                 send(ex.conn, Request("health"))
-                reply = recv(ex.conn, time.monotonic() + _HEALTH_DEADLINE_S, ex.arena)
+                reply = recv(ex.conn, time.monotonic() + deadlines.HEALTH_S, ex.arena)
             except (DeadlineExceeded, ChannelClosed):
                 return False
         h = reply.value if reply.ok else None
@@ -459,13 +452,10 @@ class GpuSlot:
         except ExecutorFault as f:
             sandbox.kill_executor(ex)  # hung or broken: down at once, whole tree
             return None, f
-        except _CandidateTimingError as e:
-            reason = Reason.FAILED_DURING_TIMING if e.reason == Reason.EXCEPTION else e.reason
-            evaluation = self.judge.fail(e.status or "RUNTIME_ERROR", reason, e.log, job.settings)
         try:
             with phase("finish"):
                 send(ex.conn, Request("finish", job))
-                recv(ex.conn, time.monotonic() + _HEALTH_DEADLINE_S, ex.arena)
+                recv(ex.conn, time.monotonic() + deadlines.HEALTH_S, ex.arena)
         except (ChannelClosed, DeadlineExceeded):
             pass  # the health check that follows retires it
         return evaluation, None

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Optional
 
 from fibray.workers.process import sandbox
+from fibray.workers.spec import SlotSpec
 
 
 def visible_gpu_count() -> int:
@@ -59,18 +60,14 @@ class SlotStart:
     standby: Optional[sandbox.Executor] = None
 
     @classmethod
-    def begin(cls, name: str, policy: Optional[dict], workdir: Optional[str], standby: bool, lanes: int,
-              device: Optional[str] = None) -> "SlotStart":
-        if lanes < 1:
-            raise ValueError(f"lanes must be at least 1, got {lanes}")
+    def begin(cls, spec: SlotSpec, device: Optional[str] = None) -> "SlotStart":
         sandbox.become_subreaper()
-        root = Path(workdir) if workdir else Path(tempfile.gettempdir())
+        root = Path(spec.workdir) if spec.workdir else Path(tempfile.gettempdir())
         root.mkdir(parents=True, exist_ok=True)
-        base = Path(tempfile.mkdtemp(prefix=f"fibray-{name}-", dir=root))
+        base = Path(tempfile.mkdtemp(prefix=f"fibray-{spec.name}-", dir=root))
         os.chmod(base, 0o755)
-        start = cls(base=base, cache=base / "shared-cache", policy=sandbox.SandboxPolicy(**(policy or {})),
-                    device=device or guess_device())
-        start._spawn_first(lanes, standby)
+        start = cls(base=base, cache=base / "shared-cache", policy=spec.sandbox, device=device or guess_device())
+        start._spawn_first(spec.lanes, spec.standby)
         return start
 
     def _spawn_first(self, lanes: int, standby: bool) -> None:

@@ -106,9 +106,11 @@ def _exit_with(parent: int) -> None:
     import threading
     import time
 
+    from fibray.deadlines import PARENT_WATCH_S
+
     def watch() -> None:
         while os.getppid() == parent:
-            time.sleep(1.0)
+            time.sleep(PARENT_WATCH_S)
         os._exit(1)
 
     threading.Thread(target=watch, name="fibray-parent-watch", daemon=True).start()

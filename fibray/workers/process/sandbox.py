@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Optional
 
 import fibray
+from fibray import deadlines
 from fibray.workers.process.arena import ARENA_BYTES, Arena
 from fibray.workers.process.launch import NETNS_REFUSED, sandbox_argv
 from fibray.schema.reasons import Reason
@@ -302,7 +303,7 @@ def kill_executor(ex: Executor) -> None:
         kill_tree(ex.pid, ex.pid)
 
 
-def retire(ex: Executor, wait_s: float = 5.0) -> None:
+def retire(ex: Executor, wait_s: float = deadlines.RETIRE_EXIT_S) -> None:
     """Put an executor down with its whole tree, close its channel, remove its directory."""
     kill_executor(ex)
     try:
@@ -310,7 +311,7 @@ def retire(ex: Executor, wait_s: float = 5.0) -> None:
     except subprocess.TimeoutExpired:
         pass
     if ex.drainer is not None:
-        ex.drainer.join(1.0)  # its last output is in the tail before anyone reads why it ended
+        ex.drainer.join(deadlines.OUTPUT_DRAIN_S)  # its last output is in the tail before anyone reads why it ended
     ex.conn.close()
     if ex.arena is not None:
         ex.arena.close()

@@ -1,0 +1,42 @@
+"""The one typed spec of a GPU slot: what the driver (fibray.sweep.pool) asks of a slot actor.
+
+It crosses the process boundary to the actor as one frozen value (no positional arguments, no
+dict): RunnerConfig -> PoolOptions -> SlotSpec, in that direction only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+from fibray.workers.process.sandbox import SandboxPolicy
+
+__all__ = ["SandboxPolicy", "SlotSpec"]
+
+
+@dataclass(frozen=True)
+class SlotSpec:
+    """One GPU slot: its executors' sandbox and how many executors it keeps."""
+
+    name: str
+    """The slot's name (in its directories and its worker name), e.g. `gpu0.1`."""
+    sandbox: SandboxPolicy = field(default_factory=SandboxPolicy)
+    """Limits and isolation of every executor the slot starts."""
+    workdir: Optional[str] = None
+    """Where the slot makes its private directories; None: the system temp dir."""
+    torch_threads: Optional[int] = None
+    """CPU threads of the supervisor's torch (reference and checks); None: torch's default."""
+    standby: bool = True
+    """Keep a warm standby executor that takes over at once when a lane's executor is retired."""
+    spare_isolated: int = 1
+    """Pre-warmed single-use executors for fresh-process isolation (0 when never isolating)."""
+    lanes: int = 1
+    """Jobs in flight at once, each on its own persistent executor (timing stays exclusive)."""
+
+    def __post_init__(self) -> None:
+        if self.lanes < 1:
+            raise ValueError(f"SlotSpec.lanes: must be at least 1, got {self.lanes}")
+        if self.spare_isolated < 0:
+            raise ValueError(f"SlotSpec.spare_isolated: must be at least 0, got {self.spare_isolated}")
+        if self.torch_threads is not None and self.torch_threads < 1:
+            raise ValueError(f"SlotSpec.torch_threads: must be at least 1 or None, got {self.torch_threads}")
