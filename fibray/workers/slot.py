@@ -361,7 +361,7 @@ class GpuSlot:
 
                 def finish(job: Job) -> None:
                     send(ex.conn, Request("finish", job))
-                    recv(ex.conn, time.monotonic() + _HEALTH_DEADLINE_S, ex.arena)
+                    recv(ex.conn, time.monotonic() + deadlines.HEALTH_S, ex.arena)
 
                 with self.gpu.hold(Phases(), "calibration", exclusive=True):
                     self.overheads[key] = calibrate(calls, s, self.device.type, finish)
