@@ -138,9 +138,10 @@ def supervisor_bound() -> None:
     from fibray.evaluate import now_iso
     from fibray.schema import EvalSettings
     from fibray.workers.slot import GpuSlot
+    from fibray.workers.spec import SlotSpec
     from _sweep_helpers import reachable_tmpdir
 
-    slot = GpuSlot("defences", workdir=str(reachable_tmpdir("fibray-def-")), standby=False, spare_isolated=1)
+    slot = GpuSlot(SlotSpec("defences", workdir=str(reachable_tmpdir("fibray-def-")), standby=False, spare_isolated=1))
     try:
         slot.info()
         for key, o in slot.overheads.items():

@@ -13,6 +13,7 @@ from fibray.schema import EvalSettings, Job, Solution
 from fibray.timing import Timing
 from fibray.timing.bound import BoundBroken, Overhead, bounded_time, check_report, max_calls
 from fibray.workers.slot import GpuSlot
+from fibray.workers.spec import SlotSpec
 from _sweep_helpers import REPO, reachable_tmpdir
 
 S = EvalSettings(warmup=1, iterations=5, trials=2)
@@ -77,7 +78,7 @@ def _honest_twin(sol: Solution) -> Solution:
 
 @pytest.fixture(scope="module")
 def slot():
-    s = GpuSlot("bound", workdir=str(reachable_tmpdir("fibray-bound-")), standby=True, spare_isolated=1)
+    s = GpuSlot(SlotSpec("bound", workdir=str(reachable_tmpdir("fibray-bound-")), standby=True, spare_isolated=1))
     s.info()
     yield s
     s.shutdown()
