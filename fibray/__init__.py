@@ -1,7 +1,8 @@
 """fibray: evaluate GPU kernel candidates at scale and deploy the verified winners.
 
-The package is layered: schema -> dataset -> build/check/timing -> evaluate ->
-workers -> sweep -> store -> analysis/apply. Lower layers never import higher ones.
+The package is layered: schema -> dataset/store -> compile/check/timing -> evaluate ->
+workers -> sweep/apply/analysis -> evolve/promote. Lower layers never import higher ones
+(docs/ARCHITECTURE.md draws them; pyproject.toml's import-linter contracts check them).
 `fibray.apply` (decorator) and `fibray.trace` are the runtime entry points.
 """
 
