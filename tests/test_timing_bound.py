@@ -4,6 +4,7 @@ executor to report short times is a verdict (timing_below_observed), an honest s
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
@@ -100,3 +101,33 @@ def test_an_honest_slow_kernel_passes_with_its_true_latency(slot):
     ev = slot.evaluate(_job(_honest_twin(_candidate("timer_rebinding"))), "persistent", now_iso()).evaluation
     assert ev.status.value == "PASSED", ev.log[-800:]
     assert ev.performance.latency_ms >= 20.0
+
+
+def test_adaptive_timing_stops_early_and_says_so_in_its_mode(monkeypatch):
+    """A steady kernel (a clock that advances 0.5 ms per call: this host is too loaded for a
+    steady wall clock) settles after the minimum of calls; a fixed timing makes all of them."""
+    import itertools
+
+    import torch
+
+    import fibray.timing.timer as timer
+
+    ticks = itertools.count(0, 250_000)  # two reads per call: 0.5 ms a call
+    monkeypatch.setattr(timer, "_perf_counter_ns", lambda: next(ticks))
+    x = torch.ones(64)
+    fixed = timer.time_calls(lambda t: None, [[x]], warmup=1, iterations=60, device=torch.device("cpu"))
+    adaptive = timer.time_calls(lambda t: None, [[x]], warmup=1, iterations=60, device=torch.device("cpu"), adaptive=True)
+    assert fixed.mode == "wall_clock" and len(fixed.samples_ms) == 60
+    assert adaptive.mode == "wall_clock+adaptive" and len(adaptive.samples_ms) == timer.ADAPTIVE_MIN_CALLS
+    assert not timer._settled([1.0, 2.0] * 10)  # a noisy one does not settle early
+
+
+def test_adaptive_timing_is_its_own_job_identity_and_row_mode(tmp_path):
+    from fibray.evaluate import Evaluator
+
+    job = _job(_honest_twin(_candidate("timer_rebinding")))
+    adaptive = job.model_copy(update={"settings": job.settings.model_copy(update={"timing": "adaptive", "iterations": 40})})
+    assert Job.make_id(job.definition, job.workload, job.solution, adaptive.settings) != \
+        Job.make_id(job.definition, job.workload, job.solution, job.settings.model_copy(update={"iterations": 40}))
+    ev = Evaluator(tmp_path).evaluate(adaptive)
+    assert ev.status.value == "PASSED" and ev.performance.timing_mode == "wall_clock+adaptive", ev.log[-500:]

@@ -314,7 +314,8 @@ class CandidateRunner:
 
         with torch.no_grad():
             return time_calls(plan.runnable, plan.arg_sets, warmup=s.warmup, iterations=plan.iterations,
-                              device=self.device, flush_l2=s.flush_l2, sync_device=s.sync_device, before_each=before_each)
+                              device=self.device, flush_l2=s.flush_l2, sync_device=s.sync_device, before_each=before_each,
+                              adaptive=s.timing == "adaptive")
 
     def recheck(self, job: Job) -> TrialOutput:
         """Write a fresh trial's values into the first input buffers in place and call again:

@@ -154,7 +154,8 @@ class Judge:
             arg_sets = [clone_args(a) for a in state.inputs[: s.trials]]
             with torch.no_grad():
                 timing = time_calls(self._reference(job.definition), arg_sets, warmup=s.warmup, iterations=s.iterations,
-                                    device=self.device, flush_l2=s.flush_l2, sync_device=s.sync_device)
+                                    device=self.device, flush_l2=s.flush_l2, sync_device=s.sync_device,
+                                    adaptive=s.timing == "adaptive")
             state.ref_stats = LatencyStats.of(timing.samples_ms)
         return state.ref_stats
 
@@ -252,7 +253,8 @@ def run_job(job: Job, judge: Judge, calls, phases: Optional[Phases] = None, gpu=
         with gpu.hold(phase, "timing_prep"):
             calls.prepare_time(job)
         with gpu.hold(phase, "timing", exclusive=True):
-            timing = bounded_time(lambda: calls.time(job), s, overhead, judge.device.type)
+            timing = bounded_time(lambda: calls.time(job), s, overhead, judge.device.type,
+                                  prepare=lambda: calls.prepare_time(job))
     except SideFault:
         raise
     except BoundBroken as e:  # the report contradicts what this process saw: a lie about latency

@@ -55,9 +55,12 @@ class EvalSettings(Model):
     input_distribution: Literal["normal", "outliers", "mixed"] = "normal"
     """Random floating-point inputs: N(0,1); N(0,1) with a fraction scaled into outliers (see
     Definition.random_inputs); or mixed (even trials normal, odd trials outliers)."""
+    timing: Literal["fixed", "adaptive"] = "fixed"
+    """fixed: iterations timed calls per input set; adaptive: stop early once the mean's standard
+    error is below 1% of it (the row's timing_mode ends in +adaptive: never compare it unawares)."""
 
 
-_ID_OMITTED_AT_DEFAULT = {"input_distribution": "normal"}
+_ID_OMITTED_AT_DEFAULT = {"input_distribution": "normal", "timing": "fixed"}
 """Settings added after job ids were first recorded: left out of the id at their default, so
 that a sweep recorded before them resumes with the same ids."""
 

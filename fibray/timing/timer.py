@@ -29,6 +29,11 @@ _record = torch.cuda.Event.record
 _elapsed = torch.cuda.Event.elapsed_time
 _synchronize = torch.cuda.synchronize
 
+ADAPTIVE_MIN_CALLS = 10
+"""Adaptive timing (eval.timing=adaptive) makes at least this many timed calls..."""
+ADAPTIVE_RSE = 0.01
+"""...and stops once the standard error of the mean is below this fraction of the mean (or the
+fixed count is reached), as GPU MODE's harness does."""
 _FLUSH_MIN_BYTES = 32 << 20
 _flush_buffers: dict[int, torch.Tensor] = {}
 _sync_overheads: dict[tuple[int, bool], float] = {}
@@ -123,24 +128,41 @@ def time_calls(
     flush_l2: bool = True,
     sync_device: bool = True,
     before_each: Callable[[int], None] | None = None,
+    adaptive: bool = False,
 ) -> Timing:
     """Run fn over rotating argument sets: `warmup` untimed calls, then `iterations` timed
     calls per argument set. `before_each(i)` runs untimed before timed call i; i counts on
-    through the device-wide pass (calls_after_warmup says how far)."""
+    through the device-wide pass (calls_after_warmup says how far). `adaptive` stops early once
+    the mean is known well enough (ADAPTIVE_RSE); its mode says so ("...+adaptive")."""
     n = len(arg_sets)
     if device.type == "cuda":
-        return _time_cuda(fn, arg_sets, warmup, iterations * n, device, flush_l2, sync_device, before_each)
-    for i in range(warmup):
-        fn(*arg_sets[i % n])
-    samples = []
-    for i in range(iterations * n):
-        if before_each is not None:
-            before_each(i)
-        args = arg_sets[i % n]
-        t0 = _perf_counter_ns()
-        fn(*args)
-        samples.append((_perf_counter_ns() - t0) / 1e6)
-    return Timing(samples, "wall_clock")
+        timing = _time_cuda(fn, arg_sets, warmup, iterations * n, device, flush_l2, sync_device, before_each, adaptive)
+    else:
+        for i in range(warmup):
+            fn(*arg_sets[i % n])
+        samples: list[float] = []
+        for i in range(iterations * n):
+            if before_each is not None:
+                before_each(i)
+            args = arg_sets[i % n]
+            t0 = _perf_counter_ns()
+            fn(*args)
+            samples.append((_perf_counter_ns() - t0) / 1e6)
+            if adaptive and _settled(samples):
+                break
+        timing = Timing(samples, "wall_clock")
+    if adaptive:
+        timing.mode += "+adaptive"
+    return timing
+
+
+def _settled(samples: list[float]) -> bool:
+    """Enough calls that the mean's standard error is below ADAPTIVE_RSE of it."""
+    n = len(samples)
+    if n < ADAPTIVE_MIN_CALLS:
+        return False
+    mean = statistics.fmean(samples)
+    return mean > 0 and statistics.stdev(samples) / (n ** 0.5 * mean) < ADAPTIVE_RSE
 
 
 def _events(total: int) -> tuple[list, list]:
@@ -156,9 +178,11 @@ def _events(total: int) -> tuple[list, list]:
     return starts, ends
 
 
-def _event_pass(fn, arg_sets, total, flush, device_sync, before_each, first: int = 0) -> list[float]:
+def _event_pass(fn, arg_sets, total, flush, device_sync, before_each, first: int = 0,
+                adaptive: bool = False) -> list[float]:
     n = len(arg_sets)
     starts, ends = _events(total)
+    made, seen = total, []
     for i in range(total):
         if before_each is not None:
             before_each(first + i)
@@ -172,17 +196,22 @@ def _event_pass(fn, arg_sets, total, flush, device_sync, before_each, first: int
         if device_sync:
             _synchronize()
         _record(ends[i])
-        if device_sync:
+        if device_sync or adaptive:  # adaptive reads each call's time before deciding on the next
             _synchronize()
+        if adaptive:
+            seen.append(_elapsed(starts[i], ends[i]))
+            if _settled(seen):
+                made = i + 1
+                break
     _synchronize()
-    return [_elapsed(starts[i], ends[i]) for i in range(total)]
+    return [_elapsed(starts[i], ends[i]) for i in range(made)]
 
 
 def _noop(*_: Any) -> None:
     return None
 
 
-def _time_cuda(fn, arg_sets, warmup, total, device, flush_l2, sync_device, before_each) -> Timing:
+def _time_cuda(fn, arg_sets, warmup, total, device, flush_l2, sync_device, before_each, adaptive=False) -> Timing:
     n = len(arg_sets)
     with torch.cuda.device(device):
         for i in range(warmup):
@@ -191,12 +220,12 @@ def _time_cuda(fn, arg_sets, warmup, total, device, flush_l2, sync_device, befor
         flush = _flush_buffer(device) if flush_l2 else None
         if flush is not None:
             reset_persisting_l2()
-        stream = _event_pass(fn, arg_sets, total, flush, False, before_each)
+        stream = _event_pass(fn, arg_sets, total, flush, False, before_each, adaptive=adaptive)
         if not sync_device:
             return Timing(stream, "stream_events")
         overhead = _sync_overhead(device, arg_sets, flush)
         device_wide = [max(s - overhead, 0.0)
-                       for s in _event_pass(fn, arg_sets, device_wide_calls(total), flush, True, before_each, first=total)]
+                       for s in _event_pass(fn, arg_sets, device_wide_calls(len(stream)), flush, True, before_each, first=total)]
         if statistics.median(device_wide) > 1.25 * statistics.median(stream) + 0.005:
             return Timing(device_wide, "device_sync", overhead)  # work escaped the current stream
         return Timing(stream, "stream_events", overhead)

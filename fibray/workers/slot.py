@@ -30,6 +30,7 @@ from fibray.evaluate.phases import Phases
 from fibray.schema import EvalSettings, Evaluation, EvaluationStatus, Job, JobResult
 from fibray.timing import Timing
 from fibray.timing.bound import Overhead, calibrate, calibration_job
+from fibray.timing.roofline import device_caps
 from fibray.workers.process import sandbox
 from fibray.workers.spec import SlotSpec
 from fibray.workers.start import SlotStart
@@ -340,6 +341,8 @@ class GpuSlot:
             self._ready(ex)
         ex = self.active
         self._overhead_for(EvalSettings(), ex)  # on the first lane's executor, before it serves any job
+        if self.judge.caps is None:
+            self.judge.caps = device_caps(self.device)  # the roofline's bandwidth and throughput, before any job
         return {"name": self.name, "pid": os.getpid(), "device": str(self.device), "lanes": self.lanes,
                 "environment": self.env.model_dump(mode="json"),
                 "network_isolated": ex.network_isolated, "privileges_dropped": ex.privileges_dropped}
