@@ -128,7 +128,7 @@ def calibration_job(s: EvalSettings, iterations: int) -> Job:
         "spec": {"language": "python", "target_hardware": ["cuda", "cpu"], "entry_point": "main.py::run",
                  "destination_passing_style": True},
         "sources": [{"path": "main.py", "content": "def run(x, y):\n    y.copy_(x)\n"}]})
-    settings = s.model_copy(update={"iterations": iterations, "trials": 1})
+    settings = s.model_copy(update={"iterations": iterations, "trials": 1, "timing": "fixed"})
     return Job(job_id=f"fibray-timing-calibration-{iterations}", sweep="_calibration", definition=d, workload=w,
                solution=sol, settings=settings, dataset_root=".")
 
