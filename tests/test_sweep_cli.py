@@ -8,6 +8,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -59,3 +60,57 @@ def test_readme_configuration_table_is_the_key_table():
     block = re.search(r"<!-- config-keys[^>]*-->\n(.*?)\n<!-- /config-keys -->", readme, re.S)
     assert block, "README lost its config-keys block"
     assert block.group(1) == markdown_table(), "README's table drifted from fibray/sweep/keys.py"
+
+
+class _Sweep:
+    """`python -m fibray.sweep` in its own session (as a terminal's foreground job), stderr read as it comes."""
+
+    def __init__(self, tmp: Path, store: Path, *args: str) -> None:
+        env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+        env.update(PYTHONPATH=str(REPO), TMPDIR=str(tmp), RAY_TMPDIR="/tmp")  # Ray's sockets: short paths
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "fibray.sweep", "+experiment=smoke", "dataset.definitions=[rmsnorm_h4096]",
+             f"store.root={store}", "sweep.flush_rows=2", *args],
+            cwd=tmp, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+        self.lines: list[str] = []
+        self._reader = threading.Thread(target=lambda: self.lines.extend(self.proc.stderr), daemon=True)
+        self._reader.start()
+
+    def wait_for(self, predicate, timeout: float = 240) -> None:
+        deadline = time.monotonic() + timeout
+        while not predicate() and time.monotonic() < deadline and self.proc.poll() is None:
+            time.sleep(0.2)
+        assert self.proc.poll() is None, "the sweep ended before it could be interrupted:\n" + "".join(self.lines)
+
+    def ctrl_c(self) -> str:
+        os.killpg(self.proc.pid, signal.SIGINT)  # what a terminal does: the whole foreground process group
+        self.proc.wait(timeout=120)
+        self._reader.join(timeout=30)
+        return "".join(self.lines)
+
+
+_INTERRUPTED = re.compile(r"^fibray\.sweep: interrupted; (\d+) new result\(s\) saved \((\d+) of 21 in sweep 'smoke'\) "
+                          r"in (\S+); rerun the same command to resume$")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("when", ["during_ray_start", "after_some_results"])
+def test_ctrl_c_is_one_line_saying_what_was_saved_and_exit_130(when):
+    tmp = reachable_tmpdir("fibray-test-sigint-")
+    store = tmp / "store"
+    sweep = _Sweep(tmp, store)
+    if when == "during_ray_start":
+        sweep.wait_for(lambda: any("starting a local Ray" in ln for ln in sweep.lines))
+        time.sleep(0.5)
+    else:
+        sweep.wait_for(lambda: len(TraceStore(store).files()) >= 1)
+    err = sweep.ctrl_c()
+    assert sweep.proc.returncode == 130, err[-3000:]
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err[-3000:]
+    last = err.strip().splitlines()[-1]
+    m = _INTERRUPTED.match(last)
+    assert m, err[-3000:]
+    rows = len(TraceStore(store).read(columns=["job_id"]))
+    assert int(m.group(1)) == int(m.group(2)) == rows and Path(m.group(3)) == store.resolve()
+    assert (rows == 0) if when == "during_ray_start" else (rows >= 2)
+    assert not [p for p in tmp.iterdir() if p.name.startswith("fibray-")], "the sweep's temp dirs outlived it"

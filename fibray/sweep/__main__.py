@@ -105,7 +105,7 @@ def _run(raw: dict) -> int:
     from fibray.store import StoreError, TraceStore
     from fibray.sweep.config import ConfigError, validate_config
     from fibray.sweep.console import setup_logging
-    from fibray.sweep.driver import SweepInterrupted, run_sweep
+    from fibray.sweep.driver import ClusterError, SweepInterrupted, run_sweep
     from fibray.sweep.summary import sweep_summary
 
     try:
@@ -116,7 +116,7 @@ def _run(raw: dict) -> int:
     store_root = Path(cfg.store.root).resolve()
     try:
         report = run_sweep(cfg)
-    except (ConfigError, DatasetError, StoreError) as e:
+    except (ConfigError, DatasetError, StoreError, ClusterError) as e:
         return _fail(str(e))
     except SweepInterrupted as e:
         print(f"\nfibray.sweep: interrupted; {e.saved} new result(s) saved ({e.total_saved} of {e.total_jobs} in "

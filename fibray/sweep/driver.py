@@ -173,6 +173,20 @@ class _Recorder:
         self._last = time.monotonic()
 
 
+class ClusterError(RuntimeError):
+    """Ray could not be started or joined; the message says which and why, in one line."""
+
+
+def _ray_init(what: str, **kwargs: object) -> None:
+    import ray
+
+    try:
+        ray.init(**kwargs)
+    except Exception as e:  # Ray raises a bare Exception when its node times out starting
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise ClusterError(f"cluster: {what} did not start: {first}") from None
+
+
 def init_ray(cfg: SweepConfig) -> tuple[int, bool]:
     """Start or join Ray; returns (GPU slots to use, whether we started Ray)."""
     import ray
@@ -185,7 +199,7 @@ def init_ray(cfg: SweepConfig) -> tuple[int, bool]:
         pass
     elif address:
         log.info("joining the Ray cluster at %s ...", address)
-        ray.init(address=address, log_to_driver=cfg.cluster.log_to_driver, configure_logging=not quiet)
+        _ray_init(address, address=address, log_to_driver=cfg.cluster.log_to_driver, configure_logging=not quiet)
     else:
         from fibray.workers.start import visible_gpu_count
 
@@ -194,8 +208,8 @@ def init_ray(cfg: SweepConfig) -> tuple[int, bool]:
             raise ConfigError(f"cluster.num_gpus: {cfg.cluster.num_gpus} requested but this machine has {real} GPU(s)")
         gpus = (cfg.cluster.num_gpus or real) if real else (cfg.cluster.num_gpus or 2)
         log.info("starting a local Ray (%d %sGPU(s)) ...", gpus, "" if real else "logical ")
-        ray.init(address="local", num_gpus=gpus, num_cpus=cfg.cluster.num_cpus, include_dashboard=False,
-                 log_to_driver=cfg.cluster.log_to_driver, configure_logging=False)
+        _ray_init("a local Ray", address="local", num_gpus=gpus, num_cpus=cfg.cluster.num_cpus, include_dashboard=False,
+                  log_to_driver=cfg.cluster.log_to_driver, configure_logging=False)
         started = True
     available = int(ray.cluster_resources().get("GPU", 0))
     if available < 1:
