@@ -119,3 +119,17 @@ def test_c_abi_solution_exports_as_a_torch_extension_calling_the_same_run_kernel
     code = shim.sources[-1].content
     assert 'extern "C" void run_kernel(const void*, const void*, void*, int64_t);' in code
     assert "run_kernel(a_hidden_states.data_ptr(), a_weight.data_ptr(), a_output.data_ptr(), a_hidden_states.size(0));" in code
+
+
+def test_the_projects_own_fixture_loads_in_flashinfer_bench_as_in_fibray() -> None:
+    """tests/fixtures/fib_trace is a FlashInfer Trace folder flashinfer-bench reads the way fibray does."""
+    TraceSet = _flashinfer_trace_set()
+    root = REPO / "tests" / "fixtures" / "fib_trace"
+    ds = load_dataset(root)
+    ts = TraceSet.from_path(str(root))
+    assert set(ts.definitions) == set(ds.definitions)
+    assert {s.name for sols in ts.solutions.values() for s in sols} == set(ds.solutions)
+    assert {w.workload.uuid for ws in ts.workloads.values() for w in ws} == {
+        w.uuid for ws in ds.workloads.values() for w in ws}
+    theirs = Counter((t.solution, t.workload.uuid, t.evaluation.status.value) for ts_list in ts.traces.values() for t in ts_list)
+    assert theirs == Counter((t.solution, t.workload.uuid, t.evaluation.status.value) for t in ds.traces)

@@ -1,4 +1,5 @@
-"""Contracts: the FlashInfer Trace sample loads losslessly; bad input fails naming file and field."""
+"""Contracts: FlashInfer Trace folders (the project's own fixture, and the real sample where
+one is found) load losslessly; bad input fails naming file and field."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+import torch
 
 from fibray.dataset import DatasetError, load_dataset
 from fibray.schema import Definition, Evaluation, Solution, Trace
@@ -16,12 +18,10 @@ def _all_files(root: Path) -> list[Path]:
     return sorted(p for p in root.rglob("*") if p.suffix in (".json", ".jsonl"))
 
 
-def test_every_sample_file_round_trips_losslessly(sample_root):
-    files = _all_files(sample_root)
-    assert len(files) > 150
+def _round_trips(files: list[Path]) -> None:
     for path in files:
         lines = [path.read_text()] if path.suffix == ".json" else [l for l in path.read_text().splitlines() if l.strip()]
-        model = Definition if "definitions" in path.parts else Trace
+        model = Definition if "definitions" in path.parts else Solution if "solutions" in path.parts else Trace
         for line in lines:
             raw = json.loads(line)
             first = model.model_validate(raw)
@@ -30,13 +30,75 @@ def test_every_sample_file_round_trips_losslessly(sample_root):
             assert model.model_validate_json(first.model_dump_json()) == first, path
 
 
+def test_every_fixture_file_round_trips_losslessly(fixture_root):
+    files = _all_files(fixture_root)
+    assert {p.relative_to(fixture_root).parts[0] for p in files} == {"definitions", "workloads", "solutions", "traces"}
+    _round_trips(files)
+
+
+def test_fixture_loads_as_a_dataset_with_its_solutions_and_traces(fixture_root):
+    ds = load_dataset(fixture_root)
+    assert {k: len(v) for k, v in ds.workloads.items()} == {"rmsnorm_h64": 3, "gather_rows_d16": 2}
+    assert set(ds.solutions) == {"rmsnorm_h64_torch", "gather_rows_d16_torch"}
+    assert len(ds.traces) == 5 and {t.evaluation.status.value for t in ds.traces} == {"PASSED", "INCORRECT_NUMERICAL"}
+
+
+def test_fixture_safetensors_input_is_read_from_its_blob_not_randomised(fixture_root):
+    from safetensors.torch import load_file
+
+    from fibray.evaluate.inputs import materialize
+
+    ds = load_dataset(fixture_root, definitions=["gather_rows_d16"])
+    d = ds.definitions["gather_rows_d16"]
+    for w in ds.workloads["gather_rows_d16"]:
+        src = w.inputs["indices"]
+        stored = load_file(str(fixture_root / src.path))[src.tensor_key]
+        for seed in (0, 1):
+            args = dict(zip(d.inputs, materialize(d, w, root=fixture_root, seed=seed, trial=0, device="cpu")))
+            assert torch.equal(args["indices"], stored) and args["scale"] == 0.5
+
+
+def test_fixture_solutions_pass_on_their_workloads(fixture_root, tmp_path):
+    from fibray.evaluate import Evaluator
+    from fibray.schema import EvalSettings, Job
+
+    ds = load_dataset(fixture_root)
+    ev = Evaluator(tmp_path)
+    s = EvalSettings(warmup=1, iterations=2, trials=1)
+    for name, workloads in ds.workloads.items():
+        sol = ds.solutions[f"{name}_torch"]
+        for w in workloads:
+            job = Job(job_id=f"{name}-{w.uuid}", sweep="t", definition=ds.definitions[name], workload=w, solution=sol,
+                      settings=s, dataset_root=str(fixture_root))
+            result = ev.evaluate(job)
+            assert result.status.value == "PASSED", (name, result.reason, result.log[-300:])
+
+
+def test_missing_safetensors_blob_is_reported_not_randomised(fixture_root, tmp_path):
+    root = tmp_path / "ds"
+    shutil.copytree(fixture_root, root)
+    first = json.loads((root / "workloads" / "gather" / "gather_rows_d16.jsonl").read_text().splitlines()[0])
+    (root / first["workload"]["inputs"]["indices"]["path"]).unlink()
+    with pytest.raises(DatasetError) as e:
+        load_dataset(root, definitions=["gather_rows_d16"])
+    msg = str(e.value)
+    assert "gather_rows_d16.jsonl:1" in msg
+    assert "workload.inputs.indices.path" in msg and "not found" in msg
+
+
+def test_every_sample_file_round_trips_losslessly(sample_root):
+    files = _all_files(sample_root)
+    assert len(files) > 150
+    _round_trips(files)
+
+
 def test_sample_gemm_and_rmsnorm_load_as_a_dataset(sample_root):
     ds = load_dataset(sample_root, definitions=["rmsnorm_h4096", "gemm_n128_k2048"], max_workloads_per_definition=2)
     assert set(ds.definitions) == {"rmsnorm_h4096", "gemm_n128_k2048"}
     assert [len(v) for v in ds.workloads.values()] == [2, 2]
 
 
-def test_missing_safetensors_blob_is_reported_not_randomised(sample_root):
+def test_sample_missing_safetensors_blob_is_reported_not_randomised(sample_root):
     with pytest.raises(DatasetError) as e:
         load_dataset(sample_root, definitions=["gqa_paged_decode_h32_kv8_d128_ps1"])
     msg = str(e.value)
