@@ -8,8 +8,8 @@ import shutil
 
 import ray
 
-from fibray.store import scan
-from fibray.sweep import run_sweep
+from fibray.store import TraceStore, scan
+from fibray.sweep import run_sweep, sweep_summary
 from _sweep_helpers import REPO, reachable_tmpdir, smoke_config
 
 CUDA = ["rmsnorm_h4096_cuda_c_abi", "rmsnorm_h4096_cuda_torch", "rmsnorm_h4096_cuda_compile_error"]
@@ -33,6 +33,12 @@ def test_cuda_solutions_compile_ahead_and_get_verdicts_without_a_gpu():
     assert "error" in rows["rmsnorm_h4096_cuda_compile_error"]["log"]
     for name in CUDA[:2]:
         assert (rows[name]["status"], rows[name]["reason"]) == ("RUNTIME_ERROR", "device_required"), rows[name]["log"][-500:]
+        assert rows[name]["environment_limited"] is True  # could not run here: not charged to its author
+    assert rows["rmsnorm_h4096_cuda_compile_error"]["environment_limited"] is False  # a compile error is the author's
+    summary = sweep_summary(TraceStore(store), "cuda")
+    table, limited = summary.split("could not run here", 1)
+    assert "rmsnorm_h4096_cuda_compile_error" in table and "rmsnorm_h4096_cuda_torch " not in table
+    assert "rmsnorm_h4096_cuda_torch" in limited and "needs a GPU, this machine has none:1" in limited
     built = [p for p in (store / "_builds").iterdir() if not p.name.startswith(".")]
     assert len(built) >= 3  # every solution compiled (or failed) once, ahead, into the shared cache
     shutil.rmtree(base, ignore_errors=True)

@@ -67,17 +67,27 @@ def _as_list(value: Optional[Union[str, Iterable[str]]]) -> Optional[list[str]]:
     return [value] if isinstance(value, str) else list(value)
 
 
+LIMITED = pl.col("environment_limited").fill_null(False)
+"""True for a row that could not run where it ran (no GPU, Triton too slow interpreted): not the author's verdict."""
+
+
 def evaluations(
     source: Source,
     sweeps: Optional[Union[str, Iterable[str]]] = None,
     definitions: Optional[Union[str, Iterable[str]]] = None,
+    environment_limited: Optional[bool] = False,
 ) -> pl.LazyFrame:
     """Rows of the chosen sweeps (all if None), one per unit; a repeated unit keeps its latest row.
 
     Pooling several sweeps is allowed (a sweep split into parts); a job recorded twice, or
     a solution re-run on the same workload, then counts once, as its latest verdict.
+    environment_limited: False (default) leaves out rows that could not run here, so no
+    leaderboard, ranking or taxonomy charges them to their authors; True keeps only those;
+    None keeps every row.
     """
     lf = open_store(source)
+    if environment_limited is not None and "environment_limited" in lf.collect_schema().names():
+        lf = lf.filter(LIMITED if environment_limited else ~LIMITED)
     wanted = _as_list(sweeps)
     if wanted is not None:
         lf = lf.filter(pl.col("sweep").is_in(wanted))

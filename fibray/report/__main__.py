@@ -21,9 +21,12 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--baseline-sweep", help="compare the sweep with this one: regressions, improvements, status flips")
     parser.add_argument("--out", required=True, help="folder for the PNGs and report.html (created)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the bootstrap (default 0)")
+    parser.add_argument("--show-cpu-speedups", action="store_true",
+                        help="show speedups timed by wall clock on a CPU (hidden by default: not meaningful)")
     args = parser.parse_args(argv)
     try:
-        report = build_report(args.store, args.out, sweep=args.sweep, baseline=args.baseline_sweep, seed=args.seed)
+        report = build_report(args.store, args.out, sweep=args.sweep, baseline=args.baseline_sweep, seed=args.seed,
+                              show_cpu_speedups=args.show_cpu_speedups)
     except AnalysisError as e:
         print(f"fibray.report: error: {e}", file=sys.stderr)
         return 2

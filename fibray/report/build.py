@@ -20,6 +20,8 @@ from fibray.analysis import (
     check_sweeps,
     compare_sweeps,
     comparison_summary,
+    cpu_timed,
+    describe_timing,
     evaluations,
     evolve_gap,
     evolve_rounds,
@@ -28,6 +30,7 @@ from fibray.analysis import (
     has_loop_rows,
     fast_p_curve,
     leaderboard,
+    limited_summary,
     open_store,
     p_grid,
     rank_authors,
@@ -74,6 +77,8 @@ class Report:
         out = [f"fibray report: store {self.store}, sweep {self.sweep!r}"
                + (f" vs baseline {self.baseline!r}" if self.baseline else ""), *self.notes]
         for s in self.sections:
+            if not s.tables:
+                out += ["", f"## {s.title}", s.note]
             for caption, df in s.tables:
                 out += ["", f"## {s.title}: {caption}" if caption else f"## {s.title}", to_text(df)]
         out += ["", "files:", *(f"  {p}" for p in [*self.pngs, self.html])]
@@ -91,10 +96,30 @@ def choose_sweep(store: Path, sweep: Optional[str]) -> tuple[str, list[str]]:
     return names[0], notes
 
 
-def _leaderboard_sections(units: pl.LazyFrame, out: Path, seed: int) -> list[Section]:
+CPU_HIDDEN = ("Timed by wall clock on a CPU (Triton interpreted): speedups are not meaningful, so they are hidden "
+              "here (python -m fibray.report --show-cpu-speedups shows them).")
+
+
+def _leaderboard_sections(units: pl.LazyFrame, out: Path, seed: int, hide_speedups: bool = False) -> list[Section]:
     board = leaderboard(units)
+    if hide_speedups:
+        board = board.drop("geomean_speedup", *(c for c in board.columns if c.startswith("fast_") and c != "fast_0"))
+        p = 0.0
+    else:
+        p = RANKING_P
+    ranking = rank_authors(units, p=p, seed=seed)
+    ranking_note = (f"Score = fast_{p:g} averaged over definitions (each author's solutions averaged per workload); 95% "
+                    "bootstrap intervals from resampling workloads within definitions. Authors whose paired difference "
+                    "is within noise share a rank (tied_with).")
+    if hide_speedups:
+        return [
+            Section("Leaderboard", "Per definition: workloads passed / total and fast_0 (the correct rate). " + CPU_HIDDEN,
+                    [("", board)]),
+            Section("Author ranking", "Ranked by correctness (fast_0), not speed. " + ranking_note + " " + CPU_HIDDEN,
+                    [("", ranking)], [plots.save(plots.ranking_figure(ranking, p), out / "ranking.png")]),
+            Section("Speedup by workload", CPU_HIDDEN),
+        ]
     curve = fast_p_curve(units, p_grid(units))
-    ranking = rank_authors(units, p=RANKING_P, seed=seed)
     best = best_per_workload(units)
     by_axis = speedup_by_axis(units)
     return [
@@ -102,15 +127,20 @@ def _leaderboard_sections(units: pl.LazyFrame, out: Path, seed: int) -> list[Sec
                 "fast_p = share of the definition's workloads PASSED and more than p× faster than the reference "
                 "(fast_0 = correct rate).",
                 [("", board)], [plots.save(plots.fast_p_figure(curve), out / "fast_p.png")]),
-        Section("Author ranking", f"Score = fast_{RANKING_P:g} averaged over definitions (each author's solutions "
-                "averaged per workload); 95% bootstrap intervals from resampling workloads within definitions. "
-                "Authors whose paired difference is within noise share a rank (tied_with).",
-                [("", ranking)], [plots.save(plots.ranking_figure(ranking, RANKING_P), out / "ranking.png")]),
+        Section("Author ranking", ranking_note, [("", ranking)], [plots.save(plots.ranking_figure(ranking, p), out / "ranking.png")]),
         Section("Speedup by workload", "The fastest PASSED solution of each workload (none: no solution passed), "
                 "and geomean speedup along each var axis.",
                 [("best solution per workload", best.drop("workload_uuid"))],
                 [plots.save(plots.speedup_by_axis_figure(by_axis), out / "speedup_by_axis.png")]),
     ]
+
+
+def _limited_section(limited: pl.LazyFrame) -> Section:
+    return Section("Could not run here", "Evaluations this machine could not judge (a CUDA candidate without a GPU: "
+                   "device_required; a Triton kernel slower than the run deadline under the CPU interpreter: "
+                   "run_timeout). Their status is recorded as it came, but they are left out of every table above: "
+                   "no leaderboard, ranking or failure count charges them to their authors.",
+                   [("", limited_summary(limited))])
 
 
 def _failure_section(units: pl.LazyFrame, out: Path) -> Section:
@@ -164,8 +194,12 @@ def _html(report_title: str, meta: list[str], sections: list[Section]) -> str:
 
 
 def build_report(store: str | Path, out: str | Path, sweep: Optional[str] = None,
-                 baseline: Optional[str] = None, seed: int = 0) -> Report:
-    """Analyse one sweep (and compare it with a baseline sweep), write PNGs and report.html under `out`."""
+                 baseline: Optional[str] = None, seed: int = 0, show_cpu_speedups: bool = False) -> Report:
+    """Analyse one sweep (and compare it with a baseline sweep), write PNGs and report.html under `out`.
+
+    Speedups timed on a CPU are hidden unless `show_cpu_speedups`; environment-limited rows are
+    left out of every table and listed in their own section.
+    """
     store, out = Path(store), Path(out)
     open_store(store)  # a missing or empty store fails here, before anything is written
     sweep, notes = choose_sweep(store, sweep)
@@ -175,7 +209,16 @@ def build_report(store: str | Path, out: str | Path, sweep: Optional[str] = None
         check_sweeps(store, [baseline])
     out.mkdir(parents=True, exist_ok=True)
     units = evaluations(store, sweep).collect().lazy()  # one read of the store; every query reuses it
-    sections = [*_leaderboard_sections(units, out, seed), _failure_section(units, out)]
+    cpu = cpu_timed(units)
+    notes = [*notes, describe_timing(units)]
+    if cpu:
+        notes.append("note: speedups were timed by wall clock on a CPU: not meaningful"
+                     + ("" if show_cpu_speedups else "; hidden (--show-cpu-speedups to show)"))
+    sections = [*_leaderboard_sections(units, out, seed, hide_speedups=cpu and not show_cpu_speedups),
+                _failure_section(units, out)]
+    limited = evaluations(store, sweep, environment_limited=True).collect().lazy()
+    if limited.select(pl.len()).collect().item():
+        sections.append(_limited_section(limited))
     if has_loop_rows(units):
         sections.append(_evolve_section(units, out))
     if baseline is not None:

@@ -73,6 +73,10 @@ LOOP_COLUMNS = ("round", "parent", "generator", "run_id")
 
 COLUMNS = [*PARTITION_COLUMNS, *SCHEMA.names]
 
+TIMING_MODES = {"wall_clock": "wall clock", "stream_events": "CUDA events on the stream",
+                "device_sync": "CUDA events, device synchronised"}
+"""timing_mode column value -> what it means (summary and report say it in these words)."""
+
 
 def environment_limited(evaluation: Evaluation, language: str) -> bool:
     """True when the verdict says what this machine cannot do, not what the candidate did.

@@ -14,13 +14,10 @@ from typing import Optional
 from fibray.schema import EvaluationStatus
 from fibray.schema.reasons import Reason
 from fibray.store import TraceStore
+from fibray.store.columns import TIMING_MODES
 
 _COLUMNS = ["definition", "solution", "author", "language", "status", "reason", "speedup", "latency_ms",
             "timing_mode", "hardware", "environment_limited", "dataset_name", "split"]
-
-TIMING_MODES = {"wall_clock": "wall clock", "stream_events": "CUDA events on the stream",
-                "device_sync": "CUDA events, device synchronised"}
-"""timing_mode column value -> what it means."""
 
 CPU_SPEEDUP_NOTE = ("speedups in parentheses were timed by wall clock on a CPU (Triton interpreted): not meaningful; "
                     "time on a GPU for real speedups")
