@@ -82,7 +82,9 @@ def test_a_compaction_killed_before_removing_old_files_is_finished_by_the_next(s
 def test_compact_command_compacts_every_definition_of_a_sweep(store: TraceStore, capsys: pytest.CaptureFixture) -> None:
     assert main(["--store", str(store.root), "--sweep", "s1"]) == 0
     assert len(store.files(sweep="s1", definition="d")) == 1 and len(store.files(sweep="s1", definition="e")) == 1
-    assert "d/s1: 40 rows, 5 -> 1 files" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "d/s1: 40 rows, 5 -> 1 files; wrote " + str(store.root / "definition=d" / "sweep=s1" / "part-") in out
+    assert f"in {store.root.resolve()}" in out.splitlines()[-1] and "rows, unchanged" in out
 
 
 def test_compact_command_names_a_sweep_it_cannot_find(store: TraceStore) -> None:

@@ -44,11 +44,13 @@ def _flashinfer_trace_set():
     return TraceSet
 
 
-def test_exported_sweep_loads_in_flashinfer_bench_with_the_same_traces_and_statuses(store: Path, tmp_path: Path) -> None:
+def test_exported_sweep_loads_in_flashinfer_bench_with_the_same_traces_and_statuses(store: Path, tmp_path: Path,
+                                                                                    capsys: pytest.CaptureFixture) -> None:
     TraceSet = _flashinfer_trace_set()
     out = tmp_path / "export"
     assert main(["--store", str(store), "--sweep", "export", "--dataset", str(CORE), "--solutions", str(SOLUTIONS),
                  "--out", str(out)]) == 0
+    assert capsys.readouterr().out.startswith(f"wrote {out.resolve()}: ")  # says what it wrote
     rows = TraceStore(store).read(sweep="export").to_pylist()
     ts = TraceSet.from_path(str(out))
     traces = [t for ts_list in ts.traces.values() for t in ts_list]

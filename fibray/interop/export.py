@@ -286,10 +286,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         report = export_store(a.store, a.out, datasets=a.dataset, solution_roots=a.solutions, sweep=a.sweep)
     except ExportError as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"fibray.interop.export: error: {e}", file=sys.stderr)
         return 2
-    print(f"{report.traces} traces, {report.definitions} definitions, {report.solutions} solutions, "
-          f"{report.workloads} workloads, {report.blobs} blobs -> {report.out}")
+    print(f"wrote {report.out.resolve()}: {report.traces} traces (traces/), {report.definitions} definitions, "
+          f"{report.solutions} solutions, {report.workloads} workloads, {report.blobs} blobs; "
+          "flashinfer_bench's TraceSet.from_path loads it")
     if report.converted:
         print(f"c_abi solutions exported as torch extensions: {', '.join(report.converted)}")
     for name, n in sorted(report.skipped.items()):

@@ -121,9 +121,14 @@ def main(argv: Optional[list[str]] = None) -> int:
         print(f"fibray.store.compact: error: no files for {what} in {store.root}", file=sys.stderr)
         return 2
     try:
+        rows = merged = 0
         for definition, sweep in targets:
             r = compact_partition(store, definition, sweep)
-            print(f"{definition}/{sweep}: {r.rows} rows, {r.files_before} -> {r.files_after} files")
+            wrote = f"; wrote {r.new_file}" if r.new_file else "; already one file, nothing written"
+            print(f"{definition}/{sweep}: {r.rows} rows, {r.files_before} -> {r.files_after} files{wrote}")
+            rows, merged = rows + r.rows, merged + (r.new_file is not None)
+        print(f"compacted {merged} of {len(targets)} partition(s) of sweep {args.sweep!r} ({rows} rows, unchanged) "
+              f"in {store.root.resolve()}")
     except StoreError as e:
         print(f"fibray.store.compact: error: {e}", file=sys.stderr)
         return 2

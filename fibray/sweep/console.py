@@ -51,7 +51,8 @@ class Progress:
             self._bar = RichProgress(
                 TextColumn("sweep"), BarColumn(), MofNCompleteColumn(), TextColumn("elapsed"), TimeElapsedColumn(),
                 TextColumn("eta"), TimeRemainingColumn(), TextColumn("{task.fields[counts]}"),
-                console=console(), transient=False,
+                console=console() if self.stream is sys.stderr else Console(file=self.stream, highlight=False),
+                transient=False,
             )
             self._task = self._bar.add_task("sweep", total=total, counts="")
             self._bar.start()
