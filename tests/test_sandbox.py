@@ -11,6 +11,7 @@ import time
 from fibray.workers.process import sandbox
 from fibray.workers.process.launch import sandbox_argv
 from fibray.workers.process.channel import recv
+from fibray.workers.process.uids import DEFAULT_UID_RANGE, UidPool, uids_running
 from _sweep_helpers import reachable_tmpdir
 
 
@@ -25,7 +26,7 @@ def _limits(pid: int) -> dict[str, str]:
 def test_an_executor_runs_in_its_sandbox_as_the_process_that_was_started():
     base = reachable_tmpdir("fibray-sandbox-")
     policy = sandbox.SandboxPolicy(max_open_files=512, max_processes=300, memory_limit_bytes=8 << 30, cpu_seconds=900)
-    ex = sandbox.spawn("cpu", base, policy, single_use=True, shared_cache=base / "cache")
+    ex = sandbox.spawn("cpu", base, policy, single_use=True)
     try:
         hello = recv(ex.conn, time.monotonic() + 120, ex.arena)
         assert hello.value["pid"] == ex.pid  # exec'd in place: the pid the supervisor watches and kills
@@ -35,8 +36,8 @@ def test_an_executor_runs_in_its_sandbox_as_the_process_that_was_started():
         assert limits["Max open files"] == "512" and limits["Max processes"] == "300"
         assert limits["Max core file size"] == "0" and limits["Max cpu time"] == "900"
         assert limits["Max address space"] == str(8 << 30)
-        if sandbox.can_drop_privileges():
-            assert hello.value["uid"] == 65534 and ex.privileges_dropped
+        first, last = DEFAULT_UID_RANGE
+        assert first <= hello.value["uid"] <= last and ex.privileges_dropped and ex.uid.uid == hello.value["uid"]
         if sandbox.network_namespaces_available():
             assert os.readlink(f"/proc/{ex.pid}/ns/net") != os.readlink("/proc/self/ns/net") and ex.network_isolated
     finally:
@@ -68,7 +69,7 @@ ds = load_dataset(repo / "datasets" / "core", definitions=["rmsnorm_h4096"], wor
                   solution_roots=[repo / "tests" / "candidates"], solutions=["offender_sleep_at_import"])
 job = Job(job_id="j", sweep="t", definition=ds.definitions["rmsnorm_h4096"], workload=ds.workloads["rmsnorm_h4096"][0],
           solution=ds.solutions["offender_sleep_at_import"], settings=EvalSettings(), dataset_root=str(ds.root))
-ex = sandbox.spawn("cpu", base, sandbox.SandboxPolicy(), single_use=False, shared_cache=base / "cache")
+ex = sandbox.spawn("cpu", base, sandbox.SandboxPolicy(), single_use=False)
 recv(ex.conn, time.monotonic() + 120, ex.arena)
 send(ex.conn, Request("build", job))  # the candidate's import sleeps: the executor is busy, not reading
 print(ex.pid, flush=True)
@@ -92,3 +93,75 @@ def test_an_executor_busy_in_a_candidate_ends_soon_after_its_supervisor_is_kille
     while os.path.exists(f"/proc/{pid}") and open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] != "Z":
         assert time.monotonic() < deadline, "the executor outlived its supervisor"
         time.sleep(0.2)
+
+
+def test_each_executor_runs_as_a_uid_of_its_own():
+    base = reachable_tmpdir("fibray-uids-")
+    executors = [sandbox.spawn("cpu", base, sandbox.SandboxPolicy(), single_use=True) for _ in range(3)]
+    try:
+        uids = [recv(ex.conn, time.monotonic() + 120, ex.arena).value["uid"] for ex in executors]
+        assert len(set(uids)) == 3 and 0 not in uids
+        for ex, uid in zip(executors, uids):
+            st = os.stat(ex.workdir)
+            assert st.st_uid == uid and st.st_mode & 0o077 == 0  # its directory: no other executor looks in
+            assert ex.pid in uids_running(uid)
+    finally:
+        for ex in executors:
+            sandbox.retire(ex)
+    assert not any(uids_running(uid) for uid in uids)
+
+
+def test_a_released_uid_has_nothing_left_running_as_it():
+    pool = UidPool(*DEFAULT_UID_RANGE)
+    lease = pool.lease()
+    argv = sandbox_argv(max_open_files=256, max_processes=256, memory_limit_bytes=None, cpu_seconds=None,
+                        netns=False, uid=lease.uid)
+    # a process of that uid that left its executor's tree (setsid, double fork) still dies with the lease
+    escaped = subprocess.Popen([*argv, sys.executable, "-c", "import os, time; os.setsid(); time.sleep(60)"],
+                               start_new_session=True)
+    deadline = time.monotonic() + 30
+    while escaped.pid not in uids_running(lease.uid):
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    lease.release()
+    assert escaped.wait(timeout=10) == -9
+
+
+def test_privilege_separation_refuses_an_interpreter_other_users_cannot_reach(tmp_path, monkeypatch):
+    hidden = tmp_path / "hidden"
+    (hidden / "bin").mkdir(parents=True)
+    (hidden / "bin" / "python").touch()
+    os.chmod(hidden, 0o700)  # what /root looks like with pyenv under it
+    monkeypatch.setattr(sys, "executable", str(hidden / "bin" / "python"))
+    why = sandbox.privilege_problem(sandbox.SandboxPolicy(), str(reachable_tmpdir("fibray-refuse-")))
+    assert why is not None and str(hidden) in why and "chmod o+x" in why and "runner.drop_privileges=false" in why
+    try:
+        sandbox.spawn("cpu", reachable_tmpdir("fibray-refuse-"), sandbox.SandboxPolicy(), single_use=True)
+    except sandbox.PrivilegeError as e:
+        assert str(e) == why
+    else:
+        raise AssertionError("an executor started as root although privileges were to be dropped")
+    assert sandbox.privilege_problem(sandbox.SandboxPolicy(drop_privileges=False), None) is None
+
+
+def test_privilege_separation_refuses_when_fibray_is_not_root():
+    code = ("from fibray.workers.process import sandbox; "
+            "print(sandbox.privilege_problem(sandbox.SandboxPolicy(), '/tmp'))")
+    argv = sandbox_argv(max_open_files=256, max_processes=256, memory_limit_bytes=None, cpu_seconds=None,
+                        netns=False, uid=65534)
+    out = subprocess.run([*argv, sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                         env={**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}, cwd="/")
+    assert out.returncode == 0, out.stderr
+    assert "not root" in out.stdout and "runner.drop_privileges=false" in out.stdout
+
+
+def test_a_store_writable_by_others_is_refused(tmp_path):
+    store = tmp_path / "store"
+    store.mkdir()
+    os.chmod(tmp_path, 0o755)
+    assert sandbox.writable_by_others(str(store)) is None
+    os.chmod(store, 0o777)
+    assert "writable by no one else" in sandbox.writable_by_others(str(store))
+    os.chmod(store, 0o755)
+    os.chmod(tmp_path, 0o777)  # others could rename the store away and put their own in its place
+    assert str(tmp_path) in sandbox.writable_by_others(str(store))

@@ -247,16 +247,17 @@ def compile_ahead(solution: Solution, cache_dir: str | Path, timeout_s: float = 
 
 
 def _shared_dir(path: Path) -> Path:
-    """Create a cache folder that every user of the cache may write into (like /tmp: 1777).
+    """Create a cache folder that only its writer's uid may write into (0755).
 
-    The driver's compile-ahead task and sandboxed executors (which may run as nobody) share
-    one cache; whoever creates a folder first must not lock the others out.
+    The cache is written by fibray (the driver's compile-ahead tasks, or an unsandboxed
+    process) and only read by sandboxed executors, which compile into folders of their own: a
+    cache executors could write would be a channel from one candidate to another.
     """
     for folder in (path.parent, path):
         if not folder.is_dir():
             folder.mkdir(parents=True, exist_ok=True)
             with contextlib.suppress(PermissionError):
-                os.chmod(folder, 0o1777)
+                os.chmod(folder, 0o755)
     return path
 
 

@@ -54,7 +54,7 @@ from pydantic import BaseModel
 
 from fibray import deadlines
 from fibray.compile.base import BuildError, Runnable, register_builder
-from fibray.compile.cache import ArtifactCache, register_compiler
+from fibray.compile.cache import ArtifactCache, CacheResult, register_compiler
 from fibray.schema import Definition, Solution
 from fibray.schema.reasons import Reason
 
@@ -512,7 +512,15 @@ class _CAbiCall:
 def build_cuda(solution: Solution, workdir: Path) -> Runnable:
     """Build (through the shared artifact cache) and load a cuda/cpp solution."""
     binding_of(solution)
-    root = os.environ.get("FIBRAY_BUILD_CACHE") or str(Path(workdir) / "artifacts")
-    folder = ArtifactCache(root).artifact(solution)
+    shared = os.environ.get("FIBRAY_BUILD_CACHE")
+    if shared and os.environ.get("FIBRAY_EXECUTOR") == "1":
+        # an executor only reads the shared cache (fibray's compile-ahead writes it); what it must
+        # compile itself goes to its own folder, where no other candidate can plant an artifact
+        entry = ArtifactCache(shared).lookup(solution)
+        if entry is not None:
+            folder = CacheResult(Path(shared) / entry.key, entry, compiled_here=False, waited_s=0.0).raise_if_failed()
+            return load_artifact(solution, folder)
+        shared = None
+    folder = ArtifactCache(shared or str(Path(workdir) / "artifacts")).artifact(solution)
     return load_artifact(solution, folder)
 

@@ -30,6 +30,14 @@ def _enc(value: str) -> str:
     return quote(value, safe="")
 
 
+def _mkdirs(folder: Path) -> None:
+    """Create folder and its missing parents as 0755 whatever the umask: writable by the driver only."""
+    missing = [p for p in [folder, *folder.parents] if not p.exists()]
+    for path in reversed(missing):
+        path.mkdir(exist_ok=True)
+        os.chmod(path, 0o755)
+
+
 class TraceStore:
     """A store root holding definition=<d>/sweep=<s>/part-*.parquet files."""
 
@@ -52,7 +60,7 @@ class TraceStore:
 
     def _publish(self, folder: Path, table: pa.Table) -> Path:
         try:
-            folder.mkdir(parents=True, exist_ok=True)
+            _mkdirs(folder)
         except OSError as e:
             raise StoreError(f"store.root: cannot create {folder}: {e.strerror}") from None
         stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S")
@@ -132,7 +140,7 @@ class TraceStore:
         """Hold the single-writer lock of a sweep; a second driver fails at once."""
         lock_dir = self.root / "_locks"
         try:
-            lock_dir.mkdir(parents=True, exist_ok=True)
+            _mkdirs(lock_dir)
         except OSError as e:
             raise StoreError(f"store.root: cannot create {lock_dir}: {e.strerror}") from None
         path = lock_dir / f"{_enc(sweep)}.lock"

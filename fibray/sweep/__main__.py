@@ -130,6 +130,9 @@ def _run(raw: dict) -> int:
           f"{report.recorded} evaluated in {report.wall_s:.1f}s; store {store_root}")
     if report.recorded:
         print(f"time: {report.time_breakdown()}")
+    if not report.privileges_dropped:
+        print("privileges: NOT dropped (runner.drop_privileges=false): candidates ran with fibray's own uid; "
+              "every row records privileges_dropped=false")
     print(sweep_summary(TraceStore(cfg.store.root), report.sweep))
     return 0
 

@@ -83,13 +83,24 @@ class RunnerConfig(_Strict):
     isolate_network: bool = True
     """Run candidates in a new network namespace where the OS allows it (root)."""
     drop_privileges: bool = True
-    """Run candidates as an unprivileged user when running as root and the interpreter allows it."""
+    """Run each executor as a uid of its own (from uid_range; fibray must run as root). If it cannot be
+    put in force the sweep refuses to start; false runs candidates with fibray's own uid (recorded per row)."""
+    uid_range: Optional[list[int]] = None
+    """[first, last] uids (inclusive) leased to executors, one per live executor; null: [200000, 200999]."""
     memory_limit_gb: Optional[float] = Field(default=16.0, gt=0)
     """Address-space limit of a CPU executor, GiB (not applied on GPUs: CUDA maps huge address ranges)."""
     max_open_files: int = Field(default=4096, ge=64)
     """Open-file limit of an executor."""
     max_processes: int = Field(default=4096, ge=16)
     """Process limit of an executor (per user; not enforced for root)."""
+
+
+    @field_validator("uid_range")
+    @classmethod
+    def _validate_uid_range(cls, v: Optional[list[int]]) -> Optional[list[int]]:
+        if v is not None and (len(v) != 2 or not 0 < v[0] <= v[1]):
+            raise ValueError("must be [first, last] with 0 < first <= last")
+        return v
 
 
 class SweepSection(_Strict):

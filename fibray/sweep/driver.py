@@ -115,6 +115,8 @@ class SweepReport:
     slots: int = 0
     lanes: int = 1
     """Jobs in flight per slot."""
+    privileges_dropped: bool = True
+    """Executors ran as uids of their own (False only with an explicit runner.drop_privileges=false)."""
     setup_s: float = 0.0
     """Loading the dataset, starting Ray and compiling ahead, before the first job."""
     start_s: float = 0.0
@@ -256,6 +258,7 @@ def pool_options(cfg: SweepConfig, slots: int, cpus: int, build_cache: Optional[
                                    workdir=workdir)
 
 
+
 def load_sweep_dataset(cfg: SweepConfig) -> Dataset:
     """The dataset as the config selects it, with the references added when asked; definitions
     without a solution are a warning, and no solution at all is an error."""
@@ -313,10 +316,20 @@ def run_sweep(cfg: SweepConfig) -> SweepReport:
         log.info("sweep %s: dataset %s (%s), %d definitions, %d solutions, %d jobs, %d already recorded",
                  cfg.sweep.name, ds.name, ds.hash[:12], len(ds.definitions), len(ds.solutions), len(jobs),
                  len(jobs) - len(todo))
-        report = SweepReport(cfg.sweep.name, len(jobs), len(jobs) - len(todo), 0)
+        report = SweepReport(cfg.sweep.name, len(jobs), len(jobs) - len(todo), 0,
+                             privileges_dropped=cfg.runner.drop_privileges)
         if not todo:
             report.wall_s = time.monotonic() - t0
             return report
+        from fibray.workers.process.sandbox import preflight
+
+        from fibray.sweep.pool import PoolOptions
+
+        problem = preflight(PoolOptions.from_runner(cfg.runner, num_slots=1).sandbox, cfg.store.root, cfg.runner.workdir)
+        if problem is not None:
+            raise ConfigError(problem)  # fails closed: no candidate runs with more privilege than asked
+        if not cfg.runner.drop_privileges:
+            log.warning("runner.drop_privileges=false: candidates run as uid %d, like fibray itself", os.geteuid())
         recorder = _Recorder(store, cfg.sweep.flush_rows, cfg.sweep.flush_interval_s, ds)
         try:
             _run(cfg, todo, report, recorder, t0)

@@ -53,7 +53,6 @@ class SlotStart:
     """A slot's private directories and its first executors, started before torch is imported."""
 
     base: Path
-    cache: Path
     policy: sandbox.SandboxPolicy
     device: str
     persistent: list = field(default_factory=list)
@@ -66,7 +65,7 @@ class SlotStart:
         root.mkdir(parents=True, exist_ok=True)
         base = Path(tempfile.mkdtemp(prefix=f"fibray-{spec.name}-", dir=root))
         os.chmod(base, 0o755)
-        start = cls(base=base, cache=base / "shared-cache", policy=spec.sandbox, device=device or guess_device())
+        start = cls(base=base, policy=spec.sandbox, device=device or guess_device())
         start._spawn_first(spec.lanes, spec.standby)
         return start
 
@@ -84,4 +83,4 @@ class SlotStart:
         self._spawn_first(lanes, standby)
 
     def spawn(self, single_use: bool) -> sandbox.Executor:
-        return sandbox.spawn(self.device, self.base, self.policy, single_use, self.cache)
+        return sandbox.spawn(self.device, self.base, self.policy, single_use)

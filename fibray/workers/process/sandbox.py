@@ -2,9 +2,9 @@
 
 An executor gets a scrubbed environment (an allowlist, minus anything that looks like a
 secret), a private working directory, resource limits, its own session (process group),
-no network where the OS allows it (a new network namespace), and, when running as root
-and the interpreter is world-executable, an unprivileged uid. Killing one kills its
-whole process group and every process it left behind.
+no network where the OS allows it (a new network namespace), and a uid of its own (leased
+from runner.uid_range). Privilege separation fails closed: asked for and impossible, no
+executor starts. Killing one kills its whole process group and every process it left behind.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from fibray import deadlines
 from fibray.workers.process.arena import ARENA_BYTES, Arena
 from fibray.workers.process.launch import NETNS_REFUSED, sandbox_argv
 from fibray.schema.reasons import Reason
+from fibray.workers.process.uids import DEFAULT_UID_RANGE, UidLease, UidPool
 
 _ENV_ALLOW = {
     "PATH", "LANG", "LC_ALL", "LC_CTYPE", "TERM", "LD_LIBRARY_PATH", "CUDA_HOME", "CUDA_PATH",
@@ -39,7 +40,6 @@ _ENV_ALLOW = {
     "TORCH_CUDA_ARCH_LIST", "FIBRAY_CUDA_ARCH", "CC", "CXX", "NVCC",
 }
 _SECRET = re.compile(r"TOKEN|SECRET|PASSW|CREDENTIAL|API_?KEY|ACCESS_?KEY|PRIVATE|AUTH|COOKIE|SESSION", re.I)
-_NOBODY = 65534
 _PR_SET_CHILD_SUBREAPER = 36
 _LOG_TAIL_BYTES = 64 * 1024
 
@@ -54,7 +54,8 @@ class SandboxPolicy:
     cpu_seconds: Optional[int] = None              # CPU time, for single-use executors
     isolate_network: bool = True
     drop_privileges: bool = True
-    build_cache: Optional[str] = None               # shared compiled-artifact cache (CUDA/C++)
+    uid_range: Optional[tuple[int, int]] = None     # executors' uids, inclusive; None: DEFAULT_UID_RANGE
+    build_cache: Optional[str] = None               # compiled-artifact cache written by fibray, read-only to executors
     arena_bytes: int = ARENA_BYTES                  # shared memory for replies' tensors (0: the socket carries them)
 
 
@@ -68,21 +69,87 @@ def scrubbed_env(extra: dict[str, str]) -> dict[str, str]:
     return env
 
 
-def world_executable(path: str) -> bool:
+class PrivilegeError(RuntimeError):
+    """Privilege separation was asked for (runner.drop_privileges) and cannot be put in force."""
+
+
+def not_traversable(path: str) -> Optional[Path]:
+    """The first directory on the way to `path` (resolved) that other users cannot enter, or the
+    path itself if they cannot use it; None when an unprivileged user reaches it."""
     p = Path(path).resolve()
     for part in [*reversed(p.parents), p]:
         try:
             mode = part.stat().st_mode
         except OSError:
-            return False
+            return part
         if not mode & stat.S_IXOTH:
-            return False
-    return True
+            return part
+    return None
 
 
-def can_drop_privileges() -> bool:
-    """Root, and the interpreter and fibray reachable by an unprivileged user."""
-    return os.geteuid() == 0 and world_executable(sys.executable) and world_executable(fibray.__file__.rsplit("/", 1)[0])
+def world_executable(path: str) -> bool:
+    return not_traversable(path) is None
+
+
+def privilege_problem(policy: SandboxPolicy, base_dir: Optional[str] = None) -> Optional[str]:
+    """Why executors cannot run as uids of their own under this policy (None: they can, or it
+    was not asked for). One sentence saying what is wrong and how to fix it."""
+    if not policy.drop_privileges:
+        return None
+    off = "or run candidates with fibray's own privileges, explicitly, with runner.drop_privileges=false"
+    if os.geteuid() != 0:
+        return (f"privilege separation (runner.drop_privileges=true) cannot be put in force: fibray runs as uid "
+                f"{os.geteuid()}, not root, so it cannot give each executor a uid of its own; run the sweep as root "
+                f"(executors then take uids from runner.uid_range), {off}")
+    needed = [("the Python interpreter", sys.executable), ("fibray's package", str(Path(fibray.__file__).parent))]
+    if base_dir is not None:
+        needed.append(("the executors' directory (runner.workdir)", base_dir))
+    for what, path in needed:
+        blocked = not_traversable(path)
+        if blocked is not None:
+            return (f"privilege separation (runner.drop_privileges=true) cannot be put in force: {what} {path} is "
+                    f"not reachable by an unprivileged uid ({blocked} lacks other-execute permission); fix: "
+                    f"chmod o+x {blocked} and every directory above it (traverse only, as .ci/run does), {off}")
+    return None
+
+
+def writable_by_others(root: str) -> Optional[str]:
+    """Why a uid other than ours could change what is under `root` (None: it cannot): root must be
+    ours and writable by no one else; above it, no directory may let others rename entries."""
+    p = Path(root).resolve()
+    for part in [p, *p.parents]:
+        try:
+            st = part.stat()
+        except OSError:
+            continue  # not created yet: it will be ours
+        mode = stat.S_IMODE(st.st_mode)
+        if part == p and (st.st_uid != os.geteuid() or mode & 0o022):
+            return (f"the store root {p} is owned by uid {st.st_uid} with mode {mode:o}; it must be owned by the "
+                    f"driver's uid {os.geteuid()} and writable by no one else (fix: chown {os.geteuid()} {p}; chmod go-w {p})")
+        if part != p and mode & 0o002 and not mode & stat.S_ISVTX:
+            return f"{part}, above the store root {p}, is writable by every user (fix: chmod o-w {part}, or +t)"
+    return None
+
+
+def preflight(pol: SandboxPolicy, store_root: str, workdir: Optional[str]) -> Optional[str]:
+    """Why a sweep with this sandbox policy must not start (None: it may): privilege separation
+    asked for and impossible here, or a store an executor could write into."""
+    problem = privilege_problem(pol, workdir or tempfile.gettempdir())
+    if problem is None and pol.drop_privileges:
+        problem = writable_by_others(store_root)
+    return problem
+
+
+_POOLS: dict[tuple[int, int], UidPool] = {}
+
+
+def uid_pool(policy: SandboxPolicy) -> UidPool:
+    """This process's lease book for the policy's uid range (leases are host-wide flocks)."""
+    first, last = policy.uid_range or DEFAULT_UID_RANGE
+    key = (int(first), int(last))
+    if key not in _POOLS:
+        _POOLS[key] = UidPool(*key)
+    return _POOLS[key]
 
 
 def network_namespaces_available() -> bool:
@@ -99,6 +166,10 @@ class Executor:
     single_use: bool
     network_isolated: bool
     privileges_dropped: bool
+    uid: Optional[UidLease] = None
+    """The uid this executor alone runs as (released when it is retired)."""
+    solution: Optional[str] = None
+    """Hash of the one solution this executor serves (set by its first job); it is retired before another."""
     started: float = field(default_factory=time.monotonic)
     ready: bool = False
     info: dict = field(default_factory=dict)
@@ -142,21 +213,27 @@ def _drain(ex: Executor) -> None:
         ex._tail.append(chunk)
 
 
-def spawn(device: str, base_dir: Path, policy: SandboxPolicy, single_use: bool, shared_cache: Path) -> Executor:
-    """Start an executor; it warms up (imports, device context) on its own and says when ready."""
+def spawn(device: str, base_dir: Path, policy: SandboxPolicy, single_use: bool) -> Executor:
+    """Start an executor; it warms up (imports, device context) on its own and says when ready.
+    Raises PrivilegeError when privileges are to be dropped and cannot be."""
+    problem = privilege_problem(policy, str(base_dir))
+    if problem is not None:
+        raise PrivilegeError(problem)
+    lease = uid_pool(policy).lease() if policy.drop_privileges else None
     ours, theirs = socket.socketpair()
     workdir = Path(tempfile.mkdtemp(prefix="exec-", dir=base_dir))
-    uid = _NOBODY if policy.drop_privileges and can_drop_privileges() and world_executable(str(base_dir)) else None
+    uid = lease.uid if lease is not None else None
     netns = policy.isolate_network and network_namespaces_available()
     if uid is not None:
-        os.chown(workdir, uid, uid)
-        shared_cache.mkdir(parents=True, exist_ok=True)
-        os.chmod(shared_cache, 0o1777)
+        os.chown(workdir, uid, uid)  # mode 0700 (mkdtemp): no other executor may look in
+    # every cache an executor writes is its own; the shared build cache is written by fibray only
     env = scrubbed_env({
         "HOME": str(workdir), "TMPDIR": str(workdir), "PYTHONDONTWRITEBYTECODE": "1", "PYTHONUNBUFFERED": "1",
-        "TRITON_CACHE_DIR": str(shared_cache / "triton"), "FIBRAY_EXECUTOR": "1",
-        "FIBRAY_BUILD_CACHE": policy.build_cache or os.environ.get("FIBRAY_BUILD_CACHE") or str(shared_cache / "builds"),
+        "TRITON_CACHE_DIR": str(workdir / ".triton"), "FIBRAY_EXECUTOR": "1",
     })
+    env.pop("FIBRAY_BUILD_CACHE", None)
+    if policy.build_cache:
+        env["FIBRAY_BUILD_CACHE"] = policy.build_cache
     if device == "cpu":
         env["TRITON_INTERPRET"] = "1"
         env.setdefault("OMP_NUM_THREADS", "1")
@@ -177,11 +254,13 @@ def spawn(device: str, base_dir: Path, policy: SandboxPolicy, single_use: bool, 
     except BaseException:
         if arena is not None:
             arena.close()
+        if lease is not None:
+            lease.release()
         raise
     finally:
         theirs.close()
     ex = Executor(proc=proc, conn=Connection(ours.detach()), workdir=workdir, single_use=single_use,
-                  network_isolated=netns, privileges_dropped=uid is not None, arena=arena)
+                  network_isolated=netns, privileges_dropped=uid is not None, uid=lease, arena=arena)
     ex.drainer = threading.Thread(target=_drain, args=(ex,), daemon=True)
     ex.drainer.start()
     return ex
@@ -316,6 +395,8 @@ def retire(ex: Executor, wait_s: float = deadlines.RETIRE_EXIT_S) -> None:
     if ex.arena is not None:
         ex.arena.close()
         ex.arena = None
+    if ex.uid is not None:
+        ex.uid.release()  # whatever still runs as its uid (escaped its tree) dies here
     import shutil
 
     shutil.rmtree(ex.workdir, ignore_errors=True)
