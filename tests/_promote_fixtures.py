@@ -7,7 +7,9 @@ HIDDEN_SIZES. Its candidates: an honest one, one that is right only on the publi
 
 from __future__ import annotations
 
+import contextlib
 import json
+from collections.abc import Iterator
 from pathlib import Path
 
 from _apply_fixtures import H, SCALE_REFERENCE, TOY_EVAL, _definition, _solution, _write
@@ -41,6 +43,25 @@ def write_split_dataset(root: Path, solutions: list[dict] | None = None) -> Path
     for sol in solutions if solutions is not None else SOLUTIONS:
         _write(root / "solutions" / sol["definition"] / f"{sol['name']}.json", sol)
     return root
+
+
+@contextlib.contextmanager
+def shared_ray() -> Iterator[None]:
+    """One local Ray (one logical GPU) for a test module's sweeps: starting Ray costs seconds."""
+    import ray
+
+    for attempt in range(3):  # on a loaded two-core machine Ray's own 30 s start-up wait can run out
+        try:
+            ray.init(address="local", num_gpus=1, num_cpus=2, include_dashboard=False, log_to_driver=False)
+            break
+        except Exception as e:  # noqa: BLE001 - ray raises a bare Exception for it
+            if "timed out during startup" not in str(e) or attempt == 2:
+                raise
+            ray.shutdown()
+    try:
+        yield
+    finally:
+        ray.shutdown()
 
 
 def sweep_config(root: Path, store: Path, sweep: str, **sections: dict) -> dict:

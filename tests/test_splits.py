@@ -10,7 +10,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
-from _promote_fixtures import DEFINITION, HIDDEN_SIZES, PUBLIC_SIZES, sweep_config, uuid, write_split_dataset
+from _promote_fixtures import (
+    DEFINITION, HIDDEN_SIZES, PUBLIC_SIZES, shared_ray, sweep_config, uuid, write_split_dataset,
+)
 
 from fibray.dataset import DatasetError, load_dataset
 from fibray.schema import Split
@@ -84,8 +86,9 @@ def test_store_files_from_before_the_split_column_read_it_as_null(tmp_path: Path
 def swept(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     root = tmp_path_factory.mktemp("splits")
     dataset, store = write_split_dataset(root / "d"), root / "store"
-    run_sweep(validate_config(sweep_config(dataset, store, "all", solutions={"names": [f"{DEFINITION}_torch"]})))
-    return dataset, store
+    with shared_ray():
+        run_sweep(validate_config(sweep_config(dataset, store, "all", solutions={"names": [f"{DEFINITION}_torch"]})))
+        yield dataset, store
 
 
 @pytest.mark.slow

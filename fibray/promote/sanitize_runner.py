@@ -1,0 +1,80 @@
+"""`python -m fibray.promote.sanitize_runner JOB.json`: run one candidate once on one workload and exit.
+
+This is the process compute-sanitizer watches (fibray.promote.sanitizer starts it, sandboxed,
+under `compute-sanitizer --tool X --error-exitcode N`). Inputs are made on the CPU and copied
+to the GPU, so the kernels the sanitizer sees are the candidate's own. It judges nothing:
+exit 0 after the candidate's work has synchronised, RUNNER_FAILED with a message otherwise.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict
+
+from fibray.schema import Definition, Solution, Workload
+
+RUNNER_FAILED = 3
+"""Exit status when the candidate (or its build) raised; the sanitizer's own status is another."""
+
+
+class SanitizeJob(BaseModel):
+    """What the runner runs: one solution on one workload."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    definition: Definition
+    """The definition."""
+    workload: Workload
+    """The workload (safetensors paths relative to dataset_root)."""
+    solution: Solution
+    """The candidate."""
+    dataset_root: str
+    """Dataset root, for safetensors blobs."""
+    seed: int = 0
+    """Seed of random inputs (as the sweep's eval.seed)."""
+    device: str = "cuda"
+    """Where the candidate runs (cpu only in tests of the runner itself)."""
+
+
+def run(job: SanitizeJob, workdir: Path) -> None:
+    """Build the candidate, make its inputs, call it once, synchronise."""
+    import torch
+
+    from fibray.compile import BuildCache, prepare_triton
+    from fibray.evaluate.inputs import allocate_outputs, materialize
+
+    if job.device == "cpu":
+        prepare_triton()
+    device = torch.device(job.device)
+    runnable = BuildCache(workdir / "builds").get(job.solution)
+    cpu_args = materialize(job.definition, job.workload, root=Path(job.dataset_root), seed=job.seed, trial=0,
+                           device=torch.device("cpu"))
+    args = [a.to(device) if isinstance(a, torch.Tensor) else a for a in cpu_args]
+    if runnable.destination_passing_style:
+        runnable.fn(*args, *allocate_outputs(job.definition, job.workload.axes, device))
+    else:
+        runnable.fn(*args)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 1:
+        print("usage: python -m fibray.promote.sanitize_runner JOB.json", file=sys.stderr)
+        return 2
+    path = Path(argv[0])
+    job = SanitizeJob.model_validate_json(path.read_text(encoding="utf-8"))
+    try:
+        run(job, path.parent)
+    except Exception as e:  # noqa: BLE001 - the candidate's failure is the answer, reported by exit status
+        print(f"fibray.promote.sanitize_runner: {job.solution.name} on {job.workload.uuid}: "
+              f"{type(e).__name__}: {e}", file=sys.stderr)
+        return RUNNER_FAILED
+    print(f"fibray.promote.sanitize_runner: {job.solution.name} on {job.workload.uuid}: ran")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

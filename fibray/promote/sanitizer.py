@@ -1,0 +1,209 @@
+"""The sanitizer gate: compute-sanitizer memcheck, racecheck, initcheck and synccheck on every workload.
+
+Each (tool, workload) runs in its own process: the executor sandbox's launcher (limits, no
+network, an unprivileged uid where fibray runs as root), then `compute-sanitizer --tool X
+--error-exitcode 86`, then fibray.promote.sanitize_runner, with its own deadline and its
+process group killed when it passes. Where there is no GPU, no compute-sanitizer, or one that
+refuses this device (a probe that must run clean), every tool is `not_run`, never passed.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from fibray.promote.sanitize_runner import RUNNER_FAILED, SanitizeJob
+from fibray.store.promotions import SANITIZER_GATES, Gate, Outcome
+
+SANITIZER_ENV = "FIBRAY_COMPUTE_SANITIZER"
+"""Path of the compute-sanitizer executable, when it is not on PATH or under CUDA_HOME/bin."""
+ERROR_EXITCODE = 86
+"""`--error-exitcode`: compute-sanitizer exits with this when its tool reported an error."""
+DEADLINE_S = 600.0
+"""Default deadline of one (tool, workload) run: sanitizers slow kernels 10-100x and torch starts slowly."""
+PROBE_DEADLINE_S = 300.0
+"""Deadline of the probe that proves the sanitizer works on this device."""
+TAIL_CHARS = 6000
+"""Output kept per run in the evidence."""
+_NOBODY = 65534
+_PROBE = "import torch; x = torch.ones(8, device='cuda'); torch.cuda.synchronize(); print('probe', float(x.sum()))"
+
+
+@dataclass
+class ToolRun:
+    """One tool on one workload."""
+
+    tool: str
+    workload: str
+    outcome: str
+    """clean, flagged (the tool reported errors), runner_failed (the candidate raised), timeout, error."""
+    returncode: int | None
+    errors: int | None
+    """Errors the tool's summary line counted."""
+    wall_s: float
+    tail: str = field(repr=False, default="")
+
+
+@dataclass
+class GateResult:
+    """The verdict of one gate for one artifact."""
+
+    gate: Gate
+    outcome: Outcome
+    reason: str = ""
+    evidence: dict = field(default_factory=dict)
+
+
+def find_sanitizer() -> str | None:
+    """The compute-sanitizer executable: $FIBRAY_COMPUTE_SANITIZER, PATH, $CUDA_HOME/bin, /usr/local/cuda/bin."""
+    if os.environ.get(SANITIZER_ENV):
+        path = os.environ[SANITIZER_ENV]
+        return path if os.access(path, os.X_OK) else None
+    found = shutil.which("compute-sanitizer")
+    if found:
+        return found
+    for home in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"):
+        if home and os.access(Path(home) / "bin" / "compute-sanitizer", os.X_OK):
+            return str(Path(home) / "bin" / "compute-sanitizer")
+    return None
+
+
+def unavailable(deadline_s: float = PROBE_DEADLINE_S) -> tuple[str | None, str | None]:
+    """(executable, None) when the sanitizer works here, else (None, why not)."""
+    from fibray.workers.start import visible_gpu_count
+
+    exe = find_sanitizer()
+    if exe is None:
+        return None, f"compute-sanitizer not found (${SANITIZER_ENV}, PATH, $CUDA_HOME/bin, /usr/local/cuda/bin)"
+    if visible_gpu_count() == 0:
+        return None, "no GPU visible to this process (NVML counts none)"
+    run = _run([exe, "--tool", "memcheck", "--error-exitcode", str(ERROR_EXITCODE), sys.executable, "-c", _PROBE],
+               tool="memcheck", workload="probe", deadline_s=deadline_s, workdir=Path(tempfile.mkdtemp(prefix="fibray-probe-")))
+    if run.outcome != "clean" or "probe 8.0" not in run.tail:
+        last = " | ".join(line.strip() for line in run.tail.strip().splitlines()[-4:])
+        return None, f"compute-sanitizer does not work on this device ({run.outcome}, exit {run.returncode}): {last}"
+    return exe, None
+
+
+def _errors(text: str) -> int | None:
+    for line in reversed(text.splitlines()):
+        if "ERROR SUMMARY:" in line:
+            try:
+                return int(line.split("ERROR SUMMARY:", 1)[1].split()[0])
+            except (IndexError, ValueError):
+                return None
+    return None
+
+
+def _run(argv: list[str], *, tool: str, workload: str, deadline_s: float, workdir: Path,
+         sandboxed: bool = False, build_cache: str | None = None) -> ToolRun:
+    """Run argv in its own session (sandboxed: through the executor launcher); kill its group at the deadline."""
+    from fibray.workers.process.launch import sandbox_argv
+    from fibray.workers.process.sandbox import (
+        can_drop_privileges, kill_tree, network_namespaces_available, scrubbed_env, world_executable,
+    )
+
+    env = scrubbed_env({"HOME": str(workdir), "TMPDIR": str(workdir), "PYTHONUNBUFFERED": "1",
+                        "PYTHONDONTWRITEBYTECODE": "1", "TRITON_CACHE_DIR": str(workdir / "triton")})
+    if build_cache:  # compiled CUDA/C++ artifacts, shared by the runs of one gate (compiled once)
+        env["FIBRAY_BUILD_CACHE"] = build_cache
+    if sandboxed:
+        # one cudaMalloc per tensor: inside torch's caching pool a write past a tensor's end lands in
+        # memory the pool owns, where memcheck cannot see it, and reused blocks look initialised
+        env["PYTORCH_NO_CUDA_MEMORY_CACHING"] = "1"
+        uid = _NOBODY if can_drop_privileges() and world_executable(str(workdir)) else None
+        if uid is not None:
+            for p in (workdir, *workdir.iterdir()):
+                os.chown(p, uid, uid)
+        argv = [*sandbox_argv(max_open_files=4096, max_processes=4096, memory_limit_bytes=None, cpu_seconds=None,
+                              netns=network_namespaces_available(), uid=uid), *argv]
+    t0 = time.monotonic()
+    proc = subprocess.Popen(argv, cwd=workdir, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=deadline_s)
+        timed_out = False
+    except subprocess.TimeoutExpired:
+        kill_tree(proc.pid, proc.pid)
+        out, _ = proc.communicate()
+        timed_out = True
+    finally:
+        kill_tree(proc.pid, proc.pid)  # whatever the candidate left behind in its group
+    text = out.decode(errors="replace")
+    rc = proc.returncode
+    if timed_out:
+        outcome = "timeout"
+    elif rc == 0:
+        outcome = "clean"
+    elif rc == ERROR_EXITCODE:
+        outcome = "flagged"
+    elif rc == RUNNER_FAILED:
+        outcome = "runner_failed"
+    else:
+        outcome = "error"
+    return ToolRun(tool, workload, outcome, None if timed_out else rc, _errors(text), round(time.monotonic() - t0, 2),
+                   text[-TAIL_CHARS:])
+
+
+def run_tool(prefix: list[str], tool: str, job: SanitizeJob, deadline_s: float, base: Path | None = None,
+             build_cache: str | None = None) -> ToolRun:
+    """One candidate on one workload under `prefix` (the sanitizer command; [] runs it bare), sandboxed."""
+    workdir = Path(tempfile.mkdtemp(prefix=f"fibray-{tool}-", dir=base))
+    os.chmod(workdir, 0o755)
+    (workdir / "job.json").write_text(job.model_dump_json(), encoding="utf-8")
+    argv = [*prefix, sys.executable, "-m", "fibray.promote.sanitize_runner", str(workdir / "job.json")]
+    run = _run(argv, tool=tool, workload=job.workload.uuid, deadline_s=deadline_s, workdir=workdir, sandboxed=True,
+               build_cache=build_cache)
+    shutil.rmtree(workdir, ignore_errors=True)
+    return run
+
+
+def sanitizer_command(exe: str, tool: str) -> list[str]:
+    """The compute-sanitizer prefix for one tool."""
+    extra = ["--racecheck-report", "all"] if tool == "racecheck" else []
+    return [exe, "--tool", tool, "--error-exitcode", str(ERROR_EXITCODE), "--print-limit", "20", *extra]
+
+
+def sanitizer_gates(jobs: list[SanitizeJob], *, deadline_s: float = DEADLINE_S, parallel: int = 2,
+                    executable: str | None = None, why_not: str | None = None) -> dict[Gate, GateResult]:
+    """The four sanitizer gates of one candidate over its workloads (jobs: one per workload)."""
+    if executable is None and why_not is None:
+        executable, why_not = unavailable()
+    if executable is None:
+        return {g: GateResult(g, Outcome.NOT_RUN, f"not_run: {why_not}", {"reason": why_not}) for g in SANITIZER_GATES}
+    if not jobs:
+        return {g: GateResult(g, Outcome.NOT_RUN, "not_run: no workloads to run it on") for g in SANITIZER_GATES}
+    work = [(g, job) for g in SANITIZER_GATES for job in jobs]
+    cache = tempfile.mkdtemp(prefix="fibray-sanitizer-builds-")
+    os.chmod(cache, 0o1777)  # the runs may be an unprivileged uid
+    try:
+        with ThreadPoolExecutor(max_workers=max(1, parallel)) as pool:
+            runs = list(pool.map(lambda gj: run_tool(sanitizer_command(executable, gj[0].value), gj[0].value, gj[1],
+                                                      deadline_s, build_cache=cache), work))
+    finally:
+        shutil.rmtree(cache, ignore_errors=True)
+    results: dict[Gate, GateResult] = {}
+    for gate in SANITIZER_GATES:
+        mine = [r for r in runs if r.tool == gate.value]
+        bad = [r for r in mine if r.outcome != "clean"]
+        evidence = {"sanitizer": executable, "runs": [
+            {"workload": r.workload, "outcome": r.outcome, "returncode": r.returncode, "errors": r.errors,
+             "wall_s": r.wall_s, "report": r.tail if r.outcome != "clean" else r.tail[-400:]} for r in mine]}
+        if not bad:
+            results[gate] = GateResult(gate, Outcome.PASSED, f"clean on {len(mine)} workload(s)", evidence)
+        else:
+            first = bad[0]
+            what = {"flagged": f"{first.errors if first.errors is not None else 'some'} error(s) reported",
+                    "timeout": f"no answer within {deadline_s:.0f}s", "runner_failed": "the candidate raised",
+                    "error": f"exited with status {first.returncode}"}[first.outcome]
+            results[gate] = GateResult(gate, Outcome.FAILED,
+                                       f"{gate.value}: {len(bad)}/{len(mine)} workload(s) not clean; {first.workload}: {what}",
+                                       evidence)
+    return results
