@@ -6,7 +6,8 @@ enables apply from that store and times each path with the same inputs:
 
     python benchmarks/apply_overhead.py [--calls 2000] [--repeats 51]
 
-Prints ns/call per path, the overhead over the direct call, and the ratio. The paths take
+Prints ns/call per path, the overhead over the direct call, and the ratio; the promotion
+rows (require_promotion) show a promoted default hit, a canary and a shadow artifact. The paths take
 turns in every repeat; overhead and ratio are medians over repeats of each path against the
 direct call of the same repeat, so a machine that changes speed mid-run (a shared VM) skews
 them less than the ns/call column. The goal is a dispatch overhead (hit, no output check)
@@ -83,6 +84,24 @@ def make_store(root: Path) -> tuple[Path, Path]:
     return dataset, store
 
 
+def promoted_store(root: Path, store: Path, dataset: Path, solution: str, stage: str) -> Path:
+    """A copy of the store whose promotions table puts the solution's artifact (here) at `stage`."""
+    import shutil
+
+    from fibray.dataset import load_dataset
+    from fibray.promote.artifact import artifact_of
+    from fibray.store.promotions import Gate, Outcome, PromotionLog, PromotionRecord, Stage
+
+    at = root / f"store-{stage}"
+    shutil.copytree(store, at)
+    art = artifact_of(load_dataset(dataset, require_blobs=False).solutions[solution])
+    PromotionLog(at).append([PromotionRecord(
+        artifact_id=art.artifact_id, definition=art.definition, solution=art.solution, solution_hash=art.solution_hash,
+        recipe_hash=art.recipe_hash, environment_key=art.environment_key, environment=art.environment,
+        stage=Stage(stage), gate=Gate.ROLLOUT, outcome=Outcome.PASSED, actor="benchmark")])
+    return at
+
+
 def time_paths(paths: list[tuple[str, Callable[..., Any], tuple, Any]], calls: int, repeats: int,
                sync: Callable[[], None]) -> list[list[float]]:
     """ns/call of each path in each repeat; the paths take turns in every repeat, so drift hits them alike."""
@@ -118,12 +137,18 @@ def main() -> None:
     root = Path(tempfile.mkdtemp(prefix="fibray-apply-overhead-"))
     dataset, store = make_store(root)
 
-    def runtime(keep: str, **config: Any):
-        rt = build_runtime(store, dataset, config=ApplyConfig(workdir=str(root / "builds"), **config))
+    def runtime(keep: str, at: Path = store, **config: Any):
+        rt = build_runtime(at, dataset, config=ApplyConfig(workdir=str(root / "builds"), **config))
         for other in SOLUTIONS:
             if other["name"] != keep:
-                rt.switch_off(other["name"], "not the path being measured")
+                try:
+                    rt.switch_off(other["name"], "not the path being measured")
+                except KeyError:  # not built: it was never promoted in that store
+                    pass
         return rt
+
+    staged = {stage: promoted_store(root, store, dataset, "bench_scale_h64_value", stage)
+              for stage in ("default", "canary", "shadow")}
 
     gen = torch.Generator(device=device).manual_seed(0)
     x = torch.randn(N_MEASURED, H, device=device, generator=gen)
@@ -141,6 +166,16 @@ def main() -> None:
         ("bucketed hit (unseen n)", wrapped, (x_unseen, w), runtime(value, finite_check_calls=0)),
         ("miss -> fallback", wrapped, (x_unseen, w), runtime(value, on_miss="fallback")),
         ("hit, Python dispatch only", wrapped, (x, w), runtime(value, finite_check_calls=0, compiled_dispatch=False)),
+        ("promoted default hit", wrapped, (x, w),
+         runtime(value, staged["default"], finite_check_calls=0, require_promotion=True)),
+        ("canary (5% served, 10% compared)", wrapped, (x, w),
+         runtime(value, staged["canary"], finite_check_calls=0, require_promotion=True, canary_fraction=0.05,
+                 canary_compare_fraction=0.1, canary_compare_first=0, latency_window=10**9)),
+        ("canary, every call served", wrapped, (x, w),
+         runtime(value, staged["canary"], finite_check_calls=0, require_promotion=True, canary_fraction=1.0,
+                 canary_compare_fraction=0.0, canary_compare_first=0, latency_window=10**9)),
+        ("shadow (every call, compared)", wrapped, (x, w),
+         runtime(value, staged["shadow"], finite_check_calls=0, require_promotion=True, latency_window=10**9)),
     ]
     samples = time_paths(paths, args.calls, args.repeats, sync)
     direct_samples = samples[0]
@@ -158,6 +193,11 @@ def main() -> None:
     for label, ns, overhead, ratio, rt in results:
         s = rt.stats() if rt is not None else None
         counters = f"hits={s.hits} bucketed={s.bucketed} misses={s.misses} fallbacks={s.fallbacks}" if s else ""
+        for a in (s.artifacts.values() if s else ()):
+            c = a.counters
+            counters += f" [{a.stage}: served={a.calls}" + (
+                f" shadow={c.shadow_calls} baseline={c.baseline_calls} compared={c.compared}" if c else "") + (
+                f" demoted: {a.demoted}" if a.demoted else "") + "]"
         print(f"{label:34s} {ns:9.0f} {overhead:12.0f} {ratio:7.2f}  {counters}")
     hit = results[2][2]
     print(f"dispatch overhead on a hit (no output check): {hit:.0f} ns/call "

@@ -49,6 +49,24 @@ class ApplyConfig(BaseModel):
     then cached; the Python path if it cannot be built); False: the Python path only."""
     workdir: str | None = None
     """Folder for builds; None: a fresh temporary folder."""
+    require_promotion: bool = False
+    """Serve only artifacts whose latest stage in the store's promotions table (python -m fibray.promote)
+    is default, canary or shadow for this process's environment (GPU, driver, CUDA, torch, triton);
+    False: every verified winner serves at once, as before promotion existed."""
+    canary_fraction: float = Field(default=0.05, ge=0, le=1)
+    """Share of a canary artifact's calls it answers (chosen by a hash of its artifact id and the call's index)."""
+    canary_compare_fraction: float = Field(default=0.1, ge=0, le=1)
+    """Share of the calls a canary answers that are also run on the baseline and compared."""
+    canary_compare_first: int = Field(default=8, ge=0)
+    """The first N calls a canary answers are all compared."""
+    shadow_fraction: float = Field(default=1.0, ge=0, le=1)
+    """Share of a shadow artifact's calls on which it runs beside the baseline."""
+    latency_window: int = Field(default=100, ge=4)
+    """Compared calls over which a staged artifact's P99 latency is set against its baseline's."""
+    latency_margin: float = Field(default=0.10, ge=0)
+    """Demote a staged artifact whose P99 exceeds its baseline's by more than this fraction."""
+    record_demotions: bool = True
+    """Write a promotions row (stage demoted) when an artifact is demoted, if the store is writable."""
 
     @field_validator("match_libs")
     @classmethod

@@ -21,6 +21,7 @@ import torch
 from fibray.apply.hotpath import generate, make_probe
 from fibray.apply.index import Key
 from fibray.apply.native import hit_path_type
+from fibray.apply.stages import StageMonitor, StagedCalls, all_finite as _all_finite
 from fibray.evaluate.inputs import torch_dtype
 from fibray.schema import Definition
 
@@ -33,14 +34,26 @@ Shapes = tuple[tuple[int, ...], ...]
 class SolutionState:
     """A built solution as the hot path sees it, with its counters and circuit breaker."""
 
-    __slots__ = ("calls", "check_left", "disabled", "dps", "fn", "hash", "name")
+    __slots__ = ("artifact", "calls", "check_left", "disabled", "dps", "fn", "hash", "mode", "monitor", "name", "slow",
+                 "stage")
 
     def __init__(self, name: str, solution_hash: str, fn: Callable[..., Any], dps: bool,
-                 check_calls: int | None) -> None:
+                 check_calls: int | None, *, monitor: StageMonitor | None = None, artifact: str | None = None,
+                 stage: str | None = None) -> None:
         self.name = name
         self.hash = solution_hash
         self.fn = fn
         self.dps = dps
+        self.monitor = monitor
+        """Sampling and comparison of a shadow or canary artifact; None when it is served plainly."""
+        self.mode = monitor.mode if monitor is not None else None
+        """SHADOW, CANARY, or None (default, or no promotion required)."""
+        self.slow = dps or self.mode is not None
+        """Whether the hot path hands its calls to Dispatcher._call_slow."""
+        self.artifact = artifact
+        """Its artifact id when apply requires promotion."""
+        self.stage = stage
+        """Its promotion stage when apply requires promotion."""
         self.calls = 0
         """Substituted calls that returned its result (the C++ hit path's share is added when stats are read)."""
         self.check_left = -1 if check_calls is None else check_calls
@@ -59,18 +72,14 @@ class Entry:
     """HIT, BUCKETED or MISS."""
     outs: tuple[tuple[tuple[int, ...], torch.dtype], ...] = ()
     """Shape and dtype of each output, for allocating destination-passing outputs."""
+    rest: SolutionState | None = None
+    """For a staged (shadow/canary) state: the default solution that answers the calls it does not."""
 
 
 _MISS_ENTRY = Entry(None, MISS)
 
 
-def _all_finite(outputs: Any) -> bool:
-    if isinstance(outputs, torch.Tensor):
-        return not outputs.is_floating_point() or bool(torch.isfinite(outputs).all())
-    return all(_all_finite(o) for o in outputs)
-
-
-class Dispatcher:
+class Dispatcher(StagedCalls):
     """Routes the calls of one definition to its verified solutions.
 
     `dispatch(fallback, args, kwargs)` is the C++ hit path (fibray.apply.native) in front of
@@ -130,7 +139,7 @@ class Dispatcher:
         python_dispatch = generate(
             self.n_in, guard, single_output=self.n_out == 1, cuda=cuda,
             env={"general": self._call_general, "miss": self._miss, "resolve": self._resolve,
-                 "call_dps_winner": self._call_dps_winner, "normalize": self._normalize,
+                 "call_slow": self._call_slow, "normalize": self._normalize,
                  "outputs_ok": self._outputs_ok, "failed": self._failed, "raised": self._raised,
                  "box": self._box, "counts": self.counts},
         )
@@ -186,12 +195,12 @@ class Dispatcher:
         """(Re)build the exact-key table from the live candidates; forget resolved unseen keys."""
         table: dict[tuple, Entry] = {}
         for key, states in self.ranked.items():
-            live = next((s for s in states if s.disabled is None), None)
+            live, rest = _pick(states)
             if live is None:
                 continue
             axes = dict(zip(self.definition.var_axes, key))
             ins, outs = self._shapes(axes)
-            entry = Entry(live, HIT, tuple(zip(outs, self._out_dtypes)))
+            entry = Entry(live, HIT, tuple(zip(outs, self._out_dtypes)), rest)
             table[ins] = entry
             table[ins + outs] = entry
         self._box[0] = table  # one reference swap: a concurrent call sees the old table or the new one
@@ -213,7 +222,7 @@ class Dispatcher:
         state = entry.state
         if state is None:
             self._hit_path.put(sig, MISS, None, None)
-        elif state.check_left == 0:
+        elif state.check_left == 0 and state.mode is None:  # staged calls stay on the Python side
             self._hit_path.put(sig, entry.kind, state.fn, state, entry.outs if state.dps else None)
 
     def _shapes(self, axes: dict[str, int]) -> tuple[Shapes, Shapes]:
@@ -221,14 +230,14 @@ class Dispatcher:
         outs = self.definition.output_shapes(axes)
         return tuple(s for s in ins.values() if s is not None), tuple(s or () for s in outs.values())
 
-    def _nearest_state(self, key: Key) -> SolutionState | None:
-        """The fastest live solution at the nearest measured key among those that never failed a key."""
+    def _nearest_state(self, key: Key) -> tuple[SolutionState | None, SolutionState | None]:
+        """The fastest live solution (and its default runner-up, if it is staged) at the nearest
+        measured key, among solutions that never failed a key."""
         for k in sorted(self.ranked, key=lambda k: (_distance(k, key), tuple(-v for v in k))):
-            clean = (s for s in self.ranked[k] if s.disabled is None and s.hash not in self._failed_somewhere)
-            state = next(clean, None)
+            state, rest = _pick([s for s in self.ranked[k] if s.hash not in self._failed_somewhere])
             if state is not None:
-                return state
-        return None
+                return state, rest
+        return None, None
 
     def _resolve(self, table: dict[tuple, Entry], sig: tuple) -> Entry:
         """First sight of a signature: validate it against the definition, bucket it, remember it."""
@@ -243,9 +252,10 @@ class Dispatcher:
         except (IndexError, ValueError):
             want_in = want_out = None
         if want_in == ins and (len(sig) == n or tuple(tuple(s) for s in sig[n:]) == want_out):
-            state = self._nearest_state(tuple(axes[a] for a in self.definition.var_axes)) if self._nearest else None
+            state, rest = (self._nearest_state(tuple(axes[a] for a in self.definition.var_axes)) if self._nearest
+                           else (None, None))
             if state is not None:
-                entry = Entry(state, BUCKETED, tuple(zip(want_out, self._out_dtypes)))
+                entry = Entry(state, BUCKETED, tuple(zip(want_out, self._out_dtypes)), rest)
         if self._memo < self._cache_size:
             table[sig] = entry
             self._memo += 1
@@ -276,6 +286,8 @@ class Dispatcher:
         if state is None:
             return self._miss(fallback, args, kwargs)
         outs = call_args[self.n_in:]
+        if state.mode is not None:
+            return self._general_staged(state, entry, fallback, args, kwargs, call_args)
         try:
             if state.dps:
                 state.fn(*call_args)
@@ -293,6 +305,12 @@ class Dispatcher:
         state.calls += 1
         self.counts[entry.kind] += 1
         return outs[0] if self.n_out == 1 else tuple(outs)
+
+    def _call_slow(self, state: SolutionState, entry: Entry, fallback: Callable[..., Any], args: tuple) -> Any:
+        """The hot path's branch for states that are not a plain value-returning hit."""
+        if state.mode is None:
+            return self._call_dps_winner(state, entry, fallback, args)
+        return self._staged(state, entry, args, lambda: self._baseline(entry, fallback, args))
 
     def _call_dps_winner(self, state: SolutionState, entry: Entry, fallback: Callable[..., Any], args: tuple) -> Any:
         """A value-returning caller served by a destination-passing solution: allocate its outputs."""
@@ -350,6 +368,19 @@ class Dispatcher:
         if self._cuda and torch.cuda.is_current_stream_capturing():
             raise e  # a capture cannot fall back; the caller's graph is already broken
         return self._failed(state, f"raised {type(e).__name__}: {e}", fallback, args, kwargs)
+
+
+def _pick(states: list[SolutionState]) -> tuple[SolutionState | None, SolutionState | None]:
+    """(the state that takes a key's calls, the default that answers the calls it does not).
+
+    A staged (shadow or canary) solution goes first wherever it is verified, even when a default
+    is faster there: it is being evaluated, and a slower one is demoted by its P99. Among the
+    staged, and among the defaults, the fastest comes first.
+    """
+    live = [s for s in states if s.disabled is None]
+    staged = next((s for s in live if s.mode is not None), None)
+    plain = next((s for s in live if s.mode is None), None)
+    return (staged, plain) if staged is not None else (plain, None)
 
 
 def _distance(a: Key, b: Key) -> float:

@@ -33,8 +33,8 @@ def dispatch(fallback, args, kwargs):
     state = entry.state
     if state is None:
         return miss(fallback, args)
-    if state.dps:
-        return call_dps_winner(state, entry, fallback, args)
+    if state.slow:  # destination-passing, or staged (shadow / canary): never a default hit
+        return call_slow(state, entry, fallback, args)
     try:
         result = state.fn(*args)
         if {normalize_if}:
@@ -69,7 +69,7 @@ def generate(
     """The dispatch function of one definition.
 
     guard: (input position, dtype) of every tensor input. env: the callables and state the
-    function uses (general, miss, resolve, call_dps_winner, normalize, outputs_ok, failed,
+    function uses (general, miss, resolve, call_slow, normalize, outputs_ok, failed,
     raised, box, counts). For inputs (x: float32, w: float32) the guards read:
 
         if a0.dtype is not D0 or a1.dtype is not D1 or not a0.is_contiguous() or not a1.is_contiguous():

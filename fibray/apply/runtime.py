@@ -10,8 +10,10 @@ from __future__ import annotations
 import logging
 import tempfile
 from collections import Counter
+import os
+import socket
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Self
 
@@ -20,10 +22,13 @@ from fibray.apply.config import DISABLE_ENV, ApplyConfig, disabled_by_env
 from fibray.apply.dispatch import Dispatcher, SolutionState
 from fibray.apply.hooks import HOOKS, set_runtime
 from fibray.apply.index import DefinitionIndex, IndexReport, build_index, read_rows
+from fibray.apply.stages import CANARY, SHADOW, StageCounters, StageMonitor
 from fibray.compile import BuildCache, BuildError
 from fibray.dataset import Dataset, load_dataset
 from fibray.schema import Environment, Solution
 from fibray.store import TraceStore
+from fibray.store.promotions import SERVING_STAGES, Gate, Outcome, PromotionLog, PromotionRecord, Stage
+from fibray.store.writer import StoreError
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +47,25 @@ class DefinitionStats:
     """Calls whose substituted solution failed (exception, NaN/Inf) and that the fallback answered."""
     keys: int = 0
     """Measured keys with at least one verified, built solution."""
+
+
+@dataclass(frozen=True)
+class ArtifactStats:
+    """Counters of one promoted artifact (when apply requires promotion)."""
+
+    artifact_id: str
+    solution: str
+    definition: str
+    stage: str
+    """Its stage when apply was enabled (shadow, canary, default)."""
+    calls: int
+    """Calls its result answered."""
+    demoted: str | None
+    """Why it was demoted in this process; None while it serves."""
+    demotion_recorded: bool | None
+    """Whether the demotion was written to the promotions table (None: not demoted, or not asked to)."""
+    counters: StageCounters | None
+    """Shadow/canary counters (served, shadow_calls, compared, mismatches, P99s); None for default."""
 
 
 @dataclass(frozen=True)
@@ -66,6 +90,10 @@ class ApplyStats:
     """How the store rows were used."""
     disabled_reason: str | None = None
     """Why nothing is substituted at all (e.g. the FIBRAY_APPLY_DISABLE switch)."""
+    artifacts: dict[str, ArtifactStats] = field(default_factory=dict)
+    """Artifact id -> its counters (when apply requires promotion)."""
+    not_promoted: dict[str, str] = field(default_factory=dict)
+    """Solution name -> why it is not eligible (its stage here, or no promotion record for this environment)."""
 
 
 class ApplyRuntime:
@@ -79,6 +107,8 @@ class ApplyRuntime:
         running: Environment | None = None,
         *,
         disabled_reason: str | None = None,
+        promotions: dict[str, PromotionRecord] | None = None,
+        promotion_log: PromotionLog | None = None,
     ) -> None:
         self.config = config
         self.running = running
@@ -86,11 +116,17 @@ class ApplyRuntime:
         self.disabled_reason = disabled_reason
         self.dispatchers: dict[str, Dispatcher] = {}
         self.dropped_builds: dict[str, str] = {}
+        self.promotions = promotions
+        """Artifact id -> latest promotions row, when apply requires promotion; None otherwise."""
+        self.not_promoted: dict[str, str] = {}
+        self._promotion_log = promotion_log
+        self._demotions: dict[str, bool | None] = {}
         self._states: dict[str, SolutionState] = {}
         self._unknown: Counter[str] = Counter()
         workdir = Path(config.workdir) if config.workdir else Path(tempfile.mkdtemp(prefix="fibray-apply-"))
         self._builds = BuildCache(workdir)
         cuda = running is not None and running.hardware is not None and not running.hardware.startswith("cpu")
+        self._cuda = cuda
         for name, entry in sorted(index.items()):
             ranked = {key: self._built(cands) for key, cands in entry.ranked.items()}
             ranked = {key: states for key, states in ranked.items() if states}
@@ -116,10 +152,34 @@ class ApplyRuntime:
                     break
         return states
 
+    def _promoted(self, solution: Solution) -> PromotionRecord | None:
+        """The solution's latest promotions row here if it may serve, else None (and why, in not_promoted)."""
+        from fibray.promote.artifact import artifact_of
+
+        art = artifact_of(solution)
+        row = self.promotions.get(art.artifact_id) if self.promotions is not None else None
+        if row is None or row.stage not in SERVING_STAGES:
+            self.not_promoted[solution.name] = (f"artifact {art.artifact_id[:12]} is {row.stage.value}" if row else
+                                                f"no promotion record for artifact {art.artifact_id[:12]} here")
+            return None
+        return row
+
+    def _monitor(self, row: PromotionRecord) -> StageMonitor | None:
+        if row.stage not in (Stage.SHADOW, Stage.CANARY):
+            return None
+        c = self.config
+        return StageMonitor(SHADOW if row.stage is Stage.SHADOW else CANARY, row.artifact_id,
+                            canary_fraction=c.canary_fraction, compare_fraction=c.canary_compare_fraction,
+                            compare_first=c.canary_compare_first, shadow_fraction=c.shadow_fraction, atol=c.max_atol,
+                            rtol=c.max_rtol, window=c.latency_window, margin=c.latency_margin, cuda=self._cuda)
+
     def _state(self, solution: Solution) -> SolutionState | None:
         if solution.hash in self._states:
             return self._states[solution.hash]
-        if solution.name in self.dropped_builds:
+        if solution.name in self.dropped_builds or solution.name in self.not_promoted:
+            return None
+        row = self._promoted(solution) if self.promotions is not None else None
+        if self.promotions is not None and row is None:
             return None
         try:
             runnable = self._builds.get(solution)
@@ -130,7 +190,8 @@ class ApplyRuntime:
             log.warning("apply: dropped %s, its build failed (%s)", solution.name, self.dropped_builds[solution.name])
             return None
         state = SolutionState(solution.name, solution.hash, runnable.fn, runnable.destination_passing_style,
-                              self.config.finite_check_calls)
+                              self.config.finite_check_calls, monitor=self._monitor(row) if row else None,
+                              artifact=row.artifact_id if row else None, stage=row.stage.value if row else None)
         self._states[solution.hash] = state
         return state
 
@@ -144,6 +205,27 @@ class ApplyRuntime:
         for d in self.dispatchers.values():
             if any(state in states for states in d.ranked.values()):
                 d.compile()
+        if state.artifact is not None:
+            self._record_demotion(state, why)
+
+    def _record_demotion(self, state: SolutionState, why: str) -> None:
+        """A promoted artifact failed while serving: a `demoted` promotions row, if the store takes it."""
+        self._demotions[state.artifact] = None
+        row = self.promotions.get(state.artifact) if self.promotions else None
+        if row is None or self._promotion_log is None or not self.config.record_demotions:
+            return
+        counters = state.monitor.counters.__dict__ if state.monitor is not None else {}
+        demoted = row.model_copy(update={
+            "stage": Stage.DEMOTED, "gate": Gate.RUNTIME, "outcome": Outcome.FAILED, "reason": why,
+            "evidence": {"stage": row.stage.value, "calls": state.calls, **counters},
+            "actor": f"apply@{socket.gethostname()}:{os.getpid()}",
+            "recorded_at": PromotionRecord.model_fields["recorded_at"].default_factory()})
+        try:
+            self._promotion_log.append([demoted])
+            self._demotions[state.artifact] = True
+        except (StoreError, OSError) as e:  # a read-only store: the counters still say it
+            self._demotions[state.artifact] = False
+            log.warning("apply: could not record the demotion of %s: %s", state.name, e)
 
     def switch_off(self, solution_name: str, why: str = "switched off by the user") -> None:
         """Switch one solution off by hand (its calls go to runner-ups or the fallback)."""
@@ -204,6 +286,11 @@ class ApplyRuntime:
             dropped_builds=dict(self.dropped_builds),
             index=self.report,
             disabled_reason=self.disabled_reason,
+            artifacts={s.artifact: ArtifactStats(
+                s.artifact, s.name, self.promotions[s.artifact].definition, s.stage, s.calls, s.disabled,
+                self._demotions.get(s.artifact), StageCounters(**s.monitor.counters.__dict__) if s.monitor else None)
+                for s in self._states.values() if s.artifact is not None},
+            not_promoted=dict(self.not_promoted),
         )
 
 
@@ -226,7 +313,14 @@ def build_runtime(
     index, report = build_index(read_rows(store, config.sweeps), dataset.definitions, dataset.solutions.values(),
                                 running, config)
     log.info("apply: %d store rows, %d used, rejected %s", report.rows, report.used, dict(report.rejected))
-    return ApplyRuntime(index, report, config, running)
+    promotions, plog = None, None
+    if config.require_promotion:
+        plog = PromotionLog(store.root if isinstance(store, TraceStore) else store)
+        promotions = plog.latest()
+        if not promotions:
+            log.warning("apply: require_promotion is set and %s has no promotion records; every call uses its fallback",
+                        plog.folder)
+    return ApplyRuntime(index, report, config, running, promotions=promotions, promotion_log=plog)
 
 
 def enable_apply(
