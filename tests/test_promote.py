@@ -144,3 +144,16 @@ def test_interval_is_k_standard_errors_of_the_median_or_the_floor() -> None:
     assert interval({**row, "latency_ms": None}, 3.0, 0.1) is None
 
 
+
+
+def test_a_bad_gate_sweep_tag_is_an_error_naming_it(tmp_path: Path, capsys) -> None:
+    assert main(["--store", str(tmp_path), "--dataset", str(tmp_path), "--sweep", "s", "--tag", "a b"]) == 2
+    assert "tag" in capsys.readouterr().err
+
+
+def test_gate_sweeps_are_named_after_the_sweep_and_the_tag() -> None:
+    from fibray.promote.gates import PromoteOptions, gate_sweep
+
+    base = {"store": "s", "dataset": "d", "sweep": "nightly", "actor": "tests"}
+    assert gate_sweep(PromoteOptions(**base), "hidden") == "nightly.hidden"
+    assert gate_sweep(PromoteOptions(**base, tag="r2"), "rebench") == "nightly.rebench.r2"

@@ -117,6 +117,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--sanitizer-deadline-s", type=float, default=600.0, help="deadline of one sanitizer run")
     p.add_argument("--sanitizer-parallel", type=int, default=2, help="sanitizer runs at once")
     p.add_argument("--revalidate", action="store_true", help="also gate validated or serving artifacts")
+    p.add_argument("--tag", default="", help="gate sweeps are <sweep>.hidden.TAG, <sweep>.rebench.TAG (a new tag "
+                                             "measures again; the same name reuses its rows)")
     p.add_argument("--approve", metavar="SOLUTION", help="record the human review: the artifact goes to shadow")
     p.add_argument("--waive", default="", help="with --approve: comma-separated gates that did not run, accepted")
     p.add_argument("--stage", nargs=2, metavar=("SOLUTION", "STAGE"), help="rollout: canary, default or demoted")
@@ -162,7 +164,8 @@ def main(argv: Optional[list[str]] = None) -> int:
                 solution_roots=args.solutions_root, definitions=split(args.definitions), solutions=split(args.solutions),
                 gates=_gates(args.gates, "--gates"), num_gpus=args.num_gpus, max_workloads=args.max_workloads,
                 ci_k=args.ci_k, ci_floor=args.ci_floor, sanitizer_deadline_s=args.sanitizer_deadline_s,
-                sanitizer_parallel=args.sanitizer_parallel, revalidate=args.revalidate, actor=actor))
+                sanitizer_parallel=args.sanitizer_parallel, revalidate=args.revalidate, tag=args.tag,
+                actor=actor))
         if args.approve:
             row = approve(plog, args.approve, waive=_gates(args.waive, "--waive"), note=args.note, actor=actor,
                           artifact=args.artifact)

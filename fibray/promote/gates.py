@@ -76,6 +76,9 @@ class PromoteOptions(BaseModel):
     """Sanitizer runs at once."""
     revalidate: bool = False
     """Also gate artifacts that are validated or serving (takes them back to candidate)."""
+    tag: str = Field(default="", pattern=r"^[A-Za-z0-9_.-]{0,32}$")
+    """Suffix of the gate sweeps' names: <sweep>.hidden[.tag]; the same name resumes (reuses) its rows,
+    a new tag measures again (a re-validation)."""
     actor: str
     """Who runs the gates (user@host)."""
 
@@ -175,6 +178,11 @@ def _sweep(opts: PromoteOptions, cands: Sequence[GateCandidate], name: str, spli
     return TraceStore(opts.store).read(sweep=name, columns=_COLUMNS).to_pylist()
 
 
+def gate_sweep(opts: PromoteOptions, gate: str) -> str:
+    """The name of a gate's sweep in the store."""
+    return f"{opts.sweep}.{gate}" + (f".{opts.tag}" if opts.tag else "")
+
+
 def hidden_gate(opts: PromoteOptions, ds: Dataset, cands: Sequence[GateCandidate]) -> dict[str, GateResult]:
     """Every hidden workload of the candidate's definition PASSED (solution hash -> result)."""
     hidden = {d: [w for w in ws if ds.split_of(w.uuid) == "hidden"] for d, ws in ds.workloads.items()}
@@ -186,7 +194,7 @@ def hidden_gate(opts: PromoteOptions, ds: Dataset, cands: Sequence[GateCandidate
                                                   f"not_run: no hidden workloads of {c.solution.definition} in {opts.dataset}")
     if not runnable:
         return results
-    name = f"{opts.sweep}.hidden"
+    name = gate_sweep(opts, "hidden")
     rows = _sweep(opts, runnable, name, "hidden", {})
     for c in runnable:
         mine = [r for r in rows if r["solution_hash"] == c.solution.hash]
@@ -220,7 +228,7 @@ def rebench_gate(opts: PromoteOptions, cands: Sequence[GateCandidate]) -> dict[s
     """Fresh-process re-benchmark (runner.isolation=isolated) of the sweep's public workloads."""
     if not cands:
         return {}
-    name = f"{opts.sweep}.rebench"
+    name = gate_sweep(opts, "rebench")
     rows = _sweep(opts, cands, name, "public", {"isolation": "isolated"})
     results: dict[str, GateResult] = {}
     for c in cands:
