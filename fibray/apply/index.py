@@ -26,6 +26,7 @@ from fibray.schema import (
     Solution,
     content_hash,
 )
+from fibray.schema.job import settings_for_id
 from fibray.store import TraceStore
 
 Key = tuple[int, ...]
@@ -129,7 +130,8 @@ def build_index(
         if reason is None:
             settings = json.loads(row["settings"])
             workload = json.loads(row["workload"])
-            expected_id = content_hash(def_json[name], workload, row["solution"], solution.hash, settings)
+            expected_id = content_hash(def_json[name], workload, row["solution"], solution.hash,
+                                       settings_for_id(settings))
             if expected_id != row["job_id"]:
                 reason = "stale"  # the definition, workload or settings changed since the evaluation
         if reason is not None:

@@ -65,6 +65,11 @@ _ID_OMITTED_AT_DEFAULT = {"input_distribution": "normal", "timing": "fixed"}
 that a sweep recorded before them resumes with the same ids."""
 
 
+def settings_for_id(dumped: dict) -> dict:
+    """The part of dumped settings (as a store row's `settings` holds them) that a job id hashes."""
+    return {k: v for k, v in dumped.items() if _ID_OMITTED_AT_DEFAULT.get(k, object()) != v}
+
+
 def content_hash(*parts: object) -> str:
     """sha256 hex of a canonical JSON encoding of the parts."""
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()
@@ -98,11 +103,8 @@ class Job(Model):
     @staticmethod
     def make_id(definition: Definition, workload: Workload, solution: Solution, settings: EvalSettings) -> str:
         """The content-hash id of a job."""
-        dumped = settings.model_dump(mode="json")
-        for name, default in _ID_OMITTED_AT_DEFAULT.items():
-            if dumped.get(name) == default:
-                del dumped[name]
-        return content_hash(definition.to_json_dict(), workload.to_json_dict(), solution.name, solution.hash, dumped)
+        return content_hash(definition.to_json_dict(), workload.to_json_dict(), solution.name, solution.hash,
+                            settings_for_id(settings.model_dump(mode="json")))
 
     def salted(self, salt: bytes) -> "Job":
         """This job with the input key of `salt` (the sweep's secret) for its workload."""
