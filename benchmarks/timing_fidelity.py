@@ -101,17 +101,19 @@ def _kernels(args) -> list[tuple[str, Callable[..., Any], list[list[Any]]]]:
                 print(f"  skip {sol.name}: {e.reason}")
         out: list = []
         per_def.append(out)
-        for w in workloads:
+        for wi, w in enumerate(workloads):
             root_w = gpu.root if gpu is not None and fam not in SYNTH_AXES else ds.root
             sets = [materialize(d, w, root=root_w, seed=0, trial=t, device=device) for t in range(args.sets)]
             tag = ",".join(f"{k}={v}" for k, v in w.axes.items() if k in (SYNTH_AXES.get(fam, ("",))[0], "batch_size", "total_q"))
-            for label, fn in calls:
+            for ci, (label, fn) in enumerate(calls):
                 if getattr(fn, "destination_passing_style", False):
                     outs = [allocate_outputs(d, w.axes, device) for _ in sets]
                     sets_for = [[*a, *o] for a, o in zip(sets, outs)]
                 else:
                     sets_for = sets
-                out.append((f"{name}[{tag}] {label}", fn, sets_for))
+                out.append(((ci - wi) % max(len(calls), len(workloads)), wi, (f"{name}[{tag}] {label}", fn, sets_for)))
+        out.sort(key=lambda k: k[:2])  # a Latin square: each definition's first kernels cover every size and implementation
+        out[:] = [k[2] for k in out]
     # round robin over definitions, so that --max-kernels keeps every family and size
     return [k for i in range(max(map(len, per_def), default=0)) for group in per_def if i < len(group) for k in (group[i],)]
 
@@ -197,7 +199,7 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--cpu-smoke", action="store_true", help="four tiny kernels on the CPU: the plumbing only")
     ap.add_argument("--sets", type=int, default=4, help="input sets per kernel (fibray rotates over them)")
-    ap.add_argument("--max-kernels", type=int, default=48)
+    ap.add_argument("--max-kernels", type=int, default=60)
     ap.add_argument("--budget-s", type=float, default=0.25, help="GPU seconds per fibray pass and kernel, at most")
     ap.add_argument("--contend", type=int, default=max(1, (os.cpu_count() or 2) // 2),
                     help="busy processes for the contended pass")
