@@ -190,6 +190,21 @@ def test_a_tampered_weights_blob_changes_the_reference_output(dataset_root: Path
     assert not torch.allclose(a, b)
 
 
+def test_the_imported_dataset_loads_in_flashinfer_bench_and_its_reference_runs_there(dataset_root: Path) -> None:
+    try:
+        from flashinfer_bench.data import TraceSet
+    except ImportError:
+        pytest.fail("flashinfer-bench 0.1.2 is needed: pip install --no-deps flashinfer-bench==0.1.2 docstring-parser")
+    ts = TraceSet.from_path(str(dataset_root))
+    assert set(ts.definitions) == {MATMUL, CHAIN} and {len(v) for v in ts.workloads.values()} == {3}
+    assert {s.name for s in ts.solutions[CHAIN]} == {f"{CHAIN}_reference", f"{CHAIN}_conv_chain_new"}
+    ds = load_dataset(dataset_root)
+    namespace: dict = {}
+    exec(compile(ts.definitions[CHAIN].reference, "<fib reference>", "exec"), namespace)  # nothing beside it
+    args = materialize(ds.definitions[CHAIN], ds.workloads[CHAIN][0], root=dataset_root, seed=0, trial=0, device=CPU)
+    assert namespace["run"](*args).shape == (2, 8, 10, 10)
+
+
 @pytest.mark.slow
 def test_sweep_of_the_imported_dataset_passes_the_reference_and_the_modelnew_candidates(dataset_root: Path) -> None:
     import ray
