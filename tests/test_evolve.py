@@ -143,6 +143,22 @@ def test_a_bad_evolve_key_is_one_error_naming_it(tmp_path: Path) -> None:
         _cfg(tmp_path, "x", generator={"kind": "shell"})
 
 
+def test_patience_stops_a_definition_after_k_rounds_without_improvement(tmp_path: Path) -> None:
+    cfg = _cfg(tmp_path, "patient", generator={"kind": "callable", "callable": "_evolve_agents:nothing"},
+               budget={"max_rounds": 10, "patience": 2})
+    report = run_evolve(cfg)  # nothing to evaluate: no worker ever starts
+    s = report.definitions[DEF]
+    assert (s.rounds, s.stop, s.best) == (2, "patience", None)
+    assert [r.status for r in Ledger(tmp_path, "patient").rounds(DEF)] == ["no_candidates"] * 2
+
+
+def test_the_wall_time_budget_stops_starting_rounds(tmp_path: Path) -> None:
+    cfg = _cfg(tmp_path, "hurried", generator={**_shell("--hang", "1"), "deadline_s": 1.5},
+               budget={"max_rounds": 10, "wall_time_s": 1.0})
+    s = run_evolve(cfg).definitions[DEF]
+    assert (s.rounds, s.stop) == (1, "wall_time")  # the hanging round 1 used up the budget
+
+
 # -- slow: real Ray, one warm pool for the module ----------------------------------------------
 @pytest.fixture(scope="module")
 def store() -> Path:
@@ -249,3 +265,33 @@ def test_a_loop_killed_before_recording_its_round_re_evaluates_the_same_candidat
     run_evolve(cfg, backend=backend)
     assert not (log / f"task-{DEF}-2.json").exists()  # the generator was not asked again
     assert lost <= set(_rows(store, "killed")["job_id"].to_list())
+
+
+@pytest.mark.slow
+def test_the_candidate_budget_cuts_a_round_and_stops_the_definition(store: Path, backend) -> None:
+    report = run_evolve(_cfg(store, "budget", generator=_shell(), budget={"max_rounds": 5, "max_candidates": 3}),
+                        backend=backend)
+    rounds = Ledger(store, "budget").rounds(DEF)
+    assert [len(r.candidates) for r in rounds] == [2, 1] and rounds[1].rejected[0]["reason"] == "over_budget"
+    assert report.definitions[DEF].stop == "max_candidates"
+
+
+@pytest.mark.slow
+def test_a_callable_generator_answering_raw_modelnew_runs_on_a_kernelbench_definition(store: Path, backend) -> None:
+    from fibray.interop.kernelbench import main as import_kernelbench
+
+    dataset = reachable_tmpdir("evolve-kb-") / "kb"
+    assert import_kernelbench([str(REPO / "tests" / "data" / "kernelbench" / "level1"), str(dataset), "--workloads", "2"]) == 0
+    cfg = validate_evolve_config({
+        "dataset": {"root": str(dataset)}, "store": {"root": str(store)}, "cluster": {"num_gpus": 1},
+        "eval": {"warmup": 0, "iterations": 1, "trials": 1},
+        "evolve": {"run_id": "kb", "progress": False, "budget": {"max_rounds": 2, "candidates": 1},
+                   "generator": {"kind": "callable", "callable": "_evolve_agents:modelnew_matmul"}},
+    })
+    report = run_evolve(cfg, backend=backend)
+    df = _rows(store, "kb")
+    assert set(df["status"].to_list()) == {"PASSED"}, df.select("solution", "status", "reason", "log").to_dicts()
+    assert sorted(set(df["round"].to_list())) == [1, 2] and df.height == 2 + 1  # 1 public per round, then 1 hidden
+    assert set(df["generator"].to_list()) == {"callable:_evolve_agents:modelnew_matmul"}
+    assert df.filter(df["round"] == 2)["parent"].to_list()[0] == "matmul_modelnew_r1"  # the best so far
+    assert report.definitions["kb_1_square_matmul"].hidden_status == "PASSED"

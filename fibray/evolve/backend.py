@@ -10,9 +10,13 @@ from __future__ import annotations
 import logging
 import os
 from pathlib import Path
-from typing import Optional, Protocol, Sequence
+from typing import TYPE_CHECKING, Optional, Protocol, Sequence, Union
 
 from fibray.schema import Job, JobResult
+
+if TYPE_CHECKING:
+    from fibray.evolve.config import EvolveConfig
+    from fibray.sweep.config import SweepConfig
 
 __all__ = ["EvalBackend", "PoolBackend"]
 
@@ -34,8 +38,8 @@ class EvalBackend(Protocol):
 class PoolBackend:
     """A WorkerPool on local or joined Ray, started on first use and kept warm between rounds."""
 
-    def __init__(self, cfg) -> None:  # an EvolveConfig (or SweepConfig): cluster, runner, store and eval sections
-        self.cfg = cfg
+    def __init__(self, cfg: Union[EvolveConfig, SweepConfig]) -> None:
+        self.cfg = cfg  # its cluster, runner, store and eval sections
         self._pool = None
         self._started_ray = False
         self._build_cache: Optional[str] = None

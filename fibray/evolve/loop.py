@@ -173,7 +173,8 @@ def _candidates(out: GeneratorOutput, state: _State, round_: int, limit: int) ->
                              "error": f"spec.binding: {BINDING!r} needs a KernelBench definition"})
             continue
         if len(kept) >= limit:
-            rejected.append({"index": i, "reason": GeneratorReason.OVER_BUDGET.value, "error": f"more than the round's {limit} candidates"})
+            rejected.append({"index": i, "reason": GeneratorReason.OVER_BUDGET.value,
+                             "error": f"more than the round's {limit} candidates"})
             continue
         sol = wrap_model_new(d, sol) if is_kernelbench(d) else sol
         if sol.name in taken:
