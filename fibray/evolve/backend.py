@@ -52,7 +52,7 @@ class PoolBackend:
         from fibray.sweep.pool import WorkerPool
         from fibray.workers.process.sandbox import world_executable
 
-        self.slots, self._started_ray = init_ray(self.cfg)
+        self.slots, self._started_ray = init_ray(self.cfg, verbose=False)
         cpus = int(ray.cluster_resources().get("CPU", os.cpu_count() or 1))
         cache = Path(self.cfg.store.root).resolve() / "_builds"
         cache.mkdir(parents=True, exist_ok=True)

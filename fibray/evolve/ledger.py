@@ -82,6 +82,11 @@ class Ledger:
         os.replace(tmp, path)
         return path
 
+    def meta(self) -> dict[str, Any]:
+        """The run's description as first written, or {} for a new run."""
+        path = self.root / "run.json"
+        return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+
     def write_meta(self, meta: dict[str, Any]) -> None:
         """The run's description (config, split): written once, kept as first written."""
         self.root.mkdir(parents=True, exist_ok=True)

@@ -27,7 +27,7 @@ from fibray.evolve.split import WorkloadSplit, split_workloads
 from fibray.interop.kernelbench_entry import BINDING, is_kernelbench, wrap_model_new
 from fibray.schema import Definition, Job, Split, Solution
 from fibray.schema.reasons import GeneratorReason
-from fibray.store import TraceStore, to_row
+from fibray.store import StoreError, TraceStore, to_row
 
 __all__ = ["DefinitionSummary", "EvolveReport", "build_task", "make_generator", "run_evolve"]
 
@@ -220,7 +220,8 @@ def _load_states(cfg: EvolveConfig, ds: Dataset, store: TraceStore, ledger: Ledg
 
 
 def _jobs(cfg: EvolveConfig, ds: Dataset, st: _State, record: RoundRecord, workloads, split: Split,
-          done: set[str]) -> list[tuple[Job, dict]]:
+          done: set[str], salt: bytes) -> list[tuple[Job, dict]]:
+    """The round's jobs not yet recorded, salted like a sweep's (inputs no candidate can predict)."""
     out = []
     for c in record.candidates:
         for w in workloads:
@@ -228,15 +229,17 @@ def _jobs(cfg: EvolveConfig, ds: Dataset, st: _State, record: RoundRecord, workl
                       definition=st.definition, workload=w, solution=c.solution, settings=cfg.eval,
                       dataset_root=str(ds.root.resolve()), split=split)
             if job.job_id not in done:
-                out.append((job, {"round": record.round, "parent": c.parent, "generator": record.generator,
-                                  "run_id": cfg.evolve.run_id}))
+                loop = {"round": record.round, "parent": c.parent, "generator": record.generator,
+                        "run_id": cfg.evolve.run_id}
+                out.append((job.salted(salt), loop))
     return out
 
 
 def _record(store: TraceStore, states: dict[str, _State], batch: list[tuple[Job, dict]], backend: EvalBackend,
-            done: set[str]) -> int:
+            done: set[str], ds: Dataset) -> int:
     results = backend.evaluate([j for j, _ in batch])
-    rows = [to_row(job, results[job.job_id], loop) for job, loop in batch if job.job_id in results]
+    rows = [to_row(job, results[job.job_id], loop, dataset_name=ds.name, dataset_hash=ds.hash)
+            for job, loop in batch if job.job_id in results]
     if rows:
         store.append(rows)
     for row in rows:
@@ -262,7 +265,13 @@ def run_evolve(cfg: EvolveConfig, *, generator: Optional[Generator] = None,
     report = EvolveReport(ev.run_id, {})
     with store.lock(ev.run_id):
         states = _load_states(cfg, ds, store, ledger)
-        ledger.write_meta({"run_id": ev.run_id, "dataset": str(ds.root.resolve()), "generator": generator.name,
+        held = ledger.meta().get("dataset_hash")
+        if held and held != ds.hash:
+            raise StoreError(f"evolve.run_id: run {ev.run_id!r} in {store.root} was started on another dataset "
+                             f"({held[:12]}), not {ds.name!r} ({ds.hash[:12]}) at {ds.root}; choose another run_id")
+        salt = store.sweep_salt(ev.run_id)  # the run's secret input salt, the same on a resume
+        ledger.write_meta({"run_id": ev.run_id, "dataset": str(ds.root.resolve()), "dataset_name": ds.name,
+                           "dataset_hash": ds.hash, "generator": generator.name,
                            "split": {n: {"source": s.split.source, "public": [w.uuid for w in s.split.public],
                                          "hidden": [w.uuid for w in s.split.hidden]} for n, s in states.items()}})
         done = store.job_ids(ev.run_id)
@@ -275,7 +284,7 @@ def run_evolve(cfg: EvolveConfig, *, generator: Optional[Generator] = None,
                 this_round: dict[str, RoundRecord] = {}
                 for name, st in list(active.items()):
                     last = st.rounds[-1] if st.rounds else None
-                    pending = last is not None and _jobs(cfg, ds, st, last, st.split.public, Split.PUBLIC, done)
+                    pending = last is not None and _jobs(cfg, ds, st, last, st.split.public, Split.PUBLIC, done, salt)
                     if pending and (name, last.round) not in tried:  # killed mid-round: evaluate what was not
                         tried.add((name, last.round))                 # recorded, never ask the generator again
                         batch += pending
@@ -308,8 +317,8 @@ def run_evolve(cfg: EvolveConfig, *, generator: Optional[Generator] = None,
                     st.rounds.append(record)
                     tried.add((name, r))
                     this_round[name] = record
-                    batch += _jobs(cfg, ds, st, record, st.split.public, Split.PUBLIC, done)
-                report.evaluated += _record(store, states, batch, backend, done)
+                    batch += _jobs(cfg, ds, st, record, st.split.public, Split.PUBLIC, done, salt)
+                report.evaluated += _record(store, states, batch, backend, done, ds)
                 progress.rounds += 1 if this_round else 0
                 for name, record in this_round.items():
                     st = states[name]
@@ -320,8 +329,8 @@ def run_evolve(cfg: EvolveConfig, *, generator: Optional[Generator] = None,
                 found = st.best()
                 if found and st.split.hidden:
                     one = RoundRecord(round=found[2].round, generator=found[2].generator, candidates=[found[0]])
-                    hidden += _jobs(cfg, ds, st, one, st.split.hidden, Split.HIDDEN, done)
-            report.evaluated += _record(store, states, hidden, backend, done)
+                    hidden += _jobs(cfg, ds, st, one, st.split.hidden, Split.HIDDEN, done, salt)
+            report.evaluated += _record(store, states, hidden, backend, done, ds)
         finally:
             if own_backend:
                 backend.close()

@@ -189,11 +189,12 @@ def _ray_init(what: str, **kwargs: object) -> None:
         raise ClusterError(f"cluster: {what} did not start: {first}") from None
 
 
-def init_ray(cfg: SweepConfig) -> tuple[int, bool]:
-    """Start or join Ray; returns (GPU slots to use, whether we started Ray)."""
+def init_ray(cfg: SweepConfig, verbose: Optional[bool] = None) -> tuple[int, bool]:
+    """Start or join Ray; returns (GPU slots to use, whether we started Ray). Only `cfg.cluster` is read,
+    and `cfg.sweep.verbose` unless `verbose` is given (the agent loop's config has no sweep section)."""
     import ray
 
-    quiet = not (cfg.sweep.verbose or cfg.cluster.log_to_driver)
+    quiet = not ((cfg.sweep.verbose if verbose is None else verbose) or cfg.cluster.log_to_driver)
     quiet_ray(quiet)
     address = cfg.cluster.address or os.environ.get("RAY_ADDRESS")
     started = False
