@@ -143,6 +143,20 @@ def test_a_bad_evolve_key_is_one_error_naming_it(tmp_path: Path) -> None:
         _cfg(tmp_path, "x", generator={"kind": "shell"})
 
 
+@pytest.mark.parametrize("experiment", ["evolve_smoke", "evolve_search"])
+def test_the_evolve_experiments_compose_into_a_valid_config(experiment: str) -> None:
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    import fibray.evolve.__main__  # noqa: F401  (registers the fibray_root resolver)
+
+    with initialize_config_dir(version_base="1.3", config_dir=str(REPO / "conf")):
+        raw = compose(config_name="evolve", overrides=[f"+experiment={experiment}"])
+    cfg = validate_evolve_config(OmegaConf.to_container(raw, resolve=True))
+    assert cfg.evolve.generator.kind == "search"
+    assert all(Path(p).is_file() for p in cfg.evolve.generator.templates.values())
+
+
 def test_patience_stops_a_definition_after_k_rounds_without_improvement(tmp_path: Path) -> None:
     cfg = _cfg(tmp_path, "patient", generator={"kind": "callable", "callable": "_evolve_agents:nothing"},
                budget={"max_rounds": 10, "patience": 2})

@@ -63,7 +63,7 @@ def main() -> int:
     out.append(second)
     if r == a.wrong:
         out.append(solution(f"{d}_agent_r{r}_wrong", d, eps, scale=1.5))
-    for s in out[: task["candidates"]]:
+    for s in out:  # all of them, even past task["candidates"]: the loop cuts
         print(json.dumps(s))  # JSONL
     return 0
 
