@@ -14,6 +14,7 @@ from fibray.evolve.config import validate_evolve_config
 from fibray.evolve.loop import run_evolve
 from fibray.store import StoreError
 from fibray.sweep.config import ConfigError
+from fibray.sweep.driver import ClusterError
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 if not OmegaConf.has_resolver("fibray_root"):
@@ -26,7 +27,7 @@ def main(raw: DictConfig) -> None:
     try:
         cfg = validate_evolve_config(OmegaConf.to_container(raw, resolve=True))
         report = run_evolve(cfg)
-    except (ConfigError, DatasetError, StoreError, ValueError) as e:
+    except (ConfigError, DatasetError, StoreError, ClusterError, ValueError) as e:
         print(f"fibray.evolve: error: {e}", file=sys.stderr)
         sys.exit(2)
     print(f"\nrun {report.run_id!r}: {report.evaluated} evaluations in {report.wall_s:.1f}s; "
