@@ -30,14 +30,14 @@ def designed_verdict(solution: str, definition: str) -> tuple[str, Any]:
 
 
 def smoke_config(store: Path, **overrides: Any) -> SweepConfig:
-    """The smoke experiment as a typed config (the same values as conf/experiment/smoke.yaml)."""
-    raw: dict[str, Any] = {
-        "dataset": {"root": str(REPO / "datasets" / "core"), "workload_set": "cpu_small"},
-        "solutions": {"roots": [str(REPO / "solutions")]},
-        "store": {"root": str(store)},
-        "sweep": {"name": "smoke", "progress": False},
-        "eval": {"warmup": 1, "iterations": 5, "trials": 2},
-    }
+    """The smoke experiment as `python -m fibray.sweep +experiment=smoke` composes it (conf/config.yaml
+    with conf/experiment/smoke.yaml), writing to `store`, without a progress line, and with
+    `section__key=value` overrides; validated like the command line's."""
+    from fibray.sweep.__main__ import compose_config
+
+    raw = compose_config(["+experiment=smoke"])
+    raw["store"]["root"] = str(store)
+    raw["sweep"]["progress"] = False
     for key, value in overrides.items():
         section, _, name = key.partition("__")
         raw.setdefault(section, {})[name] = value

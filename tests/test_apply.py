@@ -24,6 +24,8 @@ from fibray.apply.compat import running_environment
 from fibray.dataset import load_dataset
 from fibray.store import TraceStore
 
+pytestmark = pytest.mark.slow  # every test here runs real sweeps, Ray, compilers or sandboxed processes
+
 
 @pytest.fixture(scope="module")
 def toy(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:

@@ -119,11 +119,13 @@ requires_compiler = pytest.mark.skipif(
     shutil.which("c++") is None and shutil.which("g++") is None, reason="no C++ compiler on this host")
 
 
+@pytest.mark.slow
 @requires_compiler
 def test_compiled_hit_path_builds_where_a_compiler_is():
     assert native.hit_path_type() is not None
 
 
+@pytest.mark.slow
 @requires_compiler
 @pytest.mark.parametrize("dps", [False, True], ids=["value-returning", "destination-passing"])
 def test_compiled_and_python_dispatch_route_every_call_alike(dps):
@@ -140,6 +142,7 @@ def test_compiled_and_python_dispatch_route_every_call_alike(dps):
     assert stats[True] == stats[False] == (hits, 1, len(expected) - hits - 1, 0, hits + 1)
 
 
+@pytest.mark.slow
 @requires_compiler
 def test_compiled_path_outputs_match_the_python_path():
     served = Served()
@@ -151,6 +154,7 @@ def test_compiled_path_outputs_match_the_python_path():
         assert y_compiled.dtype == torch.float32 and y_compiled.shape == (MEASURED_N, H)
 
 
+@pytest.mark.slow
 @requires_compiler
 def test_counters_stay_exact_across_a_breaker_trip_on_the_compiled_path():
     served = Served()
@@ -165,6 +169,7 @@ def test_counters_stay_exact_across_a_breaker_trip_on_the_compiled_path():
     assert d.ranked[(MEASURED_N,)][0].disabled.startswith("raised ValueError")
 
 
+@pytest.mark.slow
 @requires_compiler
 def test_counters_stay_exact_when_the_output_check_budget_hands_calls_to_the_compiled_path():
     served = Served()
@@ -193,6 +198,7 @@ def test_apply_uses_the_python_dispatch_when_the_hit_path_cannot_be_built(compil
         native.hit_path_type.cache_clear()  # later tests load the real build again
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("compiled", [True, False], ids=["compiled", "python"])
 def test_decorated_function_keeps_its_signature_keywords_and_defaults(compiled):
     served = Served()

@@ -19,6 +19,8 @@ import fibray.sweep.__main__  # noqa: F401  (registers the fibray_root resolver)
 from fibray.sweep import SweepConfig, validate_config
 from _sweep_helpers import REPO
 
+pytestmark = pytest.mark.slow  # every test here runs real sweeps, Ray, compilers or sandboxed processes
+
 JOBS = REPO / "jobs"
 SCRIPTS = sorted([*JOBS.glob("*.sh"), *JOBS.glob("*.sbatch")])
 CLUSTERS = sorted(p.stem for p in (REPO / "conf" / "cluster").glob("*.yaml"))

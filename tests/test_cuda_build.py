@@ -68,6 +68,7 @@ def test_the_repo_has_cuda_solutions_in_both_bindings_for_the_three_llm_definiti
         assert {(definition, "torch"), (definition, "c_abi")} <= pairs
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path", CUDA_SOLUTIONS, ids=lambda p: p.stem)
 def test_every_cuda_solution_in_the_repo_compiles_with_nvcc(path: Path, compiled: dict[str, CacheResult]) -> None:
     sol = Solution.model_validate_json(path.read_text(encoding="utf-8"))
@@ -79,6 +80,7 @@ def test_every_cuda_solution_in_the_repo_compiles_with_nvcc(path: Path, compiled
         assert entry.status == "ok", entry.message
 
 
+@pytest.mark.slow
 def test_compile_error_solution_is_a_compile_error_verdict_with_reason_nvcc_error(
         compiled: dict[str, CacheResult], cache_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from fibray.evaluate import Evaluator
@@ -102,6 +104,7 @@ def test_unsupported_binding_is_a_build_error_naming_the_binding(tmp_path: Path)
     assert e.value.reason == "unsupported_binding" and "tvm-ffi" in str(e.value)
 
 
+@pytest.mark.slow
 def test_c_abi_library_exports_only_the_entry_and_fibray_helpers(compiled: dict[str, CacheResult]) -> None:
     lib = compiled["gqa_paged_decode_h32_kv8_d128_ps1_cuda_c_abi"].path / "lib.so"
     out = subprocess.run(["nm", "-D", "--defined-only", str(lib)], capture_output=True, text=True, check=True).stdout
@@ -110,6 +113,7 @@ def test_c_abi_library_exports_only_the_entry_and_fibray_helpers(compiled: dict[
         "run_kernel", "fibray_cabi_set_device", "fibray_cabi_last_error"}
 
 
+@pytest.mark.slow
 def test_c_abi_runnable_needs_its_definition_then_refuses_to_run_without_a_gpu(compiled: dict[str, CacheResult]) -> None:
     sol = _solution("rmsnorm_h4096_cuda_c_abi")
     runnable = load_artifact(sol, compiled[sol.name].path)
@@ -154,6 +158,7 @@ def test_fibray_cuda_arch_overrides_the_sm_90_default(monkeypatch: pytest.Monkey
         gencode_flags()
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(torch.version.cuda is not None, reason="CPU-only torch: the torch extension cannot be linked there")
 def test_torch_binding_on_cpu_only_torch_is_compile_checked_and_raises_device_required(compiled: dict[str, CacheResult]) -> None:
     sol = _solution("rmsnorm_h4096_cuda_torch")
@@ -179,6 +184,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { m.def("run", &run); }
 """
 
 
+@pytest.mark.slow
 def test_cpp_torch_extension_is_built_imported_and_called_on_the_cpu(tmp_path: Path) -> None:
     sol = Solution.model_validate({
         "name": "scale_cpp", "definition": "scale", "author": "test",
@@ -194,6 +200,7 @@ def test_cpp_torch_extension_is_built_imported_and_called_on_the_cpu(tmp_path: P
         runnable(x.double(), 1.0, y)
 
 
+@pytest.mark.slow
 def test_missing_c_abi_entry_symbol_is_a_build_error(tmp_path: Path) -> None:
     sol = Solution.model_validate({
         "name": "nothing_exported", "definition": "d", "author": "test",
@@ -205,6 +212,7 @@ def test_missing_c_abi_entry_symbol_is_a_build_error(tmp_path: Path) -> None:
     assert e.value.reason == "missing_entry_symbol" and "extern \"C\"" in str(e.value)
 
 
+@pytest.mark.slow
 def test_artifact_description_names_binding_and_mode(compiled: dict[str, CacheResult]) -> None:
     art = json.loads((compiled["gemm_n4096_k4096_cuda_mma_c_abi"].path / "cuda_artifact.json").read_text())
     assert (art["binding"], art["mode"], art["library"]) == ("c_abi", "full", "lib.so")

@@ -6,11 +6,15 @@ from __future__ import annotations
 
 import shutil
 
+import pytest
+
 import ray
 
 from fibray.store import TraceStore, scan
 from fibray.sweep import run_sweep, sweep_summary
 from _sweep_helpers import REPO, reachable_tmpdir, smoke_config
+
+pytestmark = pytest.mark.slow  # every test here runs real sweeps, Ray, compilers or sandboxed processes
 
 CUDA = ["rmsnorm_h4096_cuda_c_abi", "rmsnorm_h4096_cuda_torch", "rmsnorm_h4096_cuda_compile_error"]
 

@@ -19,6 +19,8 @@ from fibray.sweep import run_sweep
 from fibray.workers.process.sandbox import descendants
 from _sweep_helpers import designed_verdict, smoke_config
 
+pytestmark = pytest.mark.slow  # every test here runs real sweeps, Ray, compilers or sandboxed processes
+
 ARGS = ["+experiment=smoke", "dataset.definitions=[rmsnorm_h4096,fused_add_rmsnorm_h4096]",
         "sweep.flush_rows=2", "sweep.progress=false"]
 TOTAL = 2 * 3 * 7

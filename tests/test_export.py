@@ -44,6 +44,7 @@ def _flashinfer_trace_set():
     return TraceSet
 
 
+@pytest.mark.slow
 def test_exported_sweep_loads_in_flashinfer_bench_with_the_same_traces_and_statuses(store: Path, tmp_path: Path,
                                                                                     capsys: pytest.CaptureFixture) -> None:
     TraceSet = _flashinfer_trace_set()
@@ -66,6 +67,7 @@ def test_exported_sweep_loads_in_flashinfer_bench_with_the_same_traces_and_statu
     assert passed.evaluation.performance.latency_ms > 0 and passed.evaluation.environment.hardware
 
 
+@pytest.mark.slow
 def test_exported_folder_also_loads_in_fibray(store: Path, tmp_path: Path) -> None:
     export_store(store, tmp_path / "out", datasets=[CORE], solution_roots=[SOLUTIONS], sweep="export")
     ds = load_dataset(tmp_path / "out")
@@ -73,6 +75,7 @@ def test_exported_folder_also_loads_in_fibray(store: Path, tmp_path: Path) -> No
     assert all(t.evaluation is not None and t.solution in ds.solutions for t in ds.traces)
 
 
+@pytest.mark.slow
 def test_export_refuses_a_solution_whose_code_changed_since_the_sweep(store: Path, tmp_path: Path) -> None:
     changed = tmp_path / "solutions"
     for path in SOLUTIONS.rglob("*.json"):
@@ -87,6 +90,7 @@ def test_export_refuses_a_solution_whose_code_changed_since_the_sweep(store: Pat
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.slow
 def test_export_refuses_a_folder_that_is_not_empty(store: Path, tmp_path: Path) -> None:
     (tmp_path / "out").mkdir()
     (tmp_path / "out" / "keep.txt").write_text("mine")

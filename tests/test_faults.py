@@ -19,6 +19,8 @@ from fibray.schema.reasons import FAULT_REASONS
 from fibray.workers.process.sandbox import network_namespaces_available
 from _sweep_helpers import REPO, designed_verdict, reachable_tmpdir, smoke_config
 
+pytestmark = pytest.mark.slow  # every test here runs real sweeps, Ray, compilers or sandboxed processes
+
 SECRET = "fibray-test-secret-7f3a"
 EXPECTED = json.loads((REPO / "tests" / "fault_expectations.json").read_text())
 CONTROLS = ["rmsnorm_h4096_torch", "rmsnorm_h4096_triton"]

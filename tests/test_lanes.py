@@ -115,6 +115,7 @@ def _concurrently(slot, jobs):
     return results
 
 
+@pytest.mark.slow
 def test_two_lanes_overlap_correctness_work_but_never_timing(lanes_slot):
     slot = lanes_slot
     assert len({e.pid for e in slot.persistent}) == 2
@@ -153,6 +154,7 @@ def _solution(name: str, source: str) -> Solution:
         "sources": [{"path": "main.py", "content": source}]})
 
 
+@pytest.mark.slow
 def test_a_daemon_left_by_one_lane_is_charged_to_its_own_job(lanes_slot):
     slot = lanes_slot
     honest, other = _jobs()[:2]
@@ -164,16 +166,21 @@ def test_a_daemon_left_by_one_lane_is_charged_to_its_own_job(lanes_slot):
     assert results["honest-lane"].evaluation.status.value == "PASSED"
 
 
-def test_a_sweep_with_two_lanes_records_what_one_lane_does(tmp_path):
+@pytest.fixture(scope="module")
+def local_ray():
+    """One local Ray (two logical GPUs) for the module's sweeps."""
     import ray
 
-    ray.init(address="local", num_gpus=1, num_cpus=2, include_dashboard=False, log_to_driver=False)
-    try:
-        defs = ["rmsnorm_h4096", "gemm_n128_k2048"]
-        one = run_sweep(smoke_config(tmp_path / "one", dataset__definitions=defs, cluster__num_gpus=1))
-        two = run_sweep(smoke_config(tmp_path / "two", dataset__definitions=defs, cluster__num_gpus=1, runner__lanes=2))
-    finally:
-        ray.shutdown()
+    ray.init(address="local", num_gpus=2, num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+@pytest.mark.slow
+def test_a_sweep_with_two_lanes_records_what_one_lane_does(tmp_path, local_ray):
+    defs = ["rmsnorm_h4096", "gemm_n128_k2048"]
+    one = run_sweep(smoke_config(tmp_path / "one", dataset__definitions=defs, cluster__num_gpus=1))
+    two = run_sweep(smoke_config(tmp_path / "two", dataset__definitions=defs, cluster__num_gpus=1, runner__lanes=2))
     a, b = scan(tmp_path / "one").collect(), scan(tmp_path / "two").collect()
     assert one.recorded == two.recorded == len(a) == len(b) == one.total_jobs
     assert b["job_id"].n_unique() == len(b)
@@ -182,6 +189,7 @@ def test_a_sweep_with_two_lanes_records_what_one_lane_does(tmp_path):
     assert two.phases.get("gpu_wait", 0) > 0
 
 
+@pytest.mark.slow
 def test_jobs_sent_ahead_wait_for_a_lane(lanes_slot):
     from datetime import datetime
 
@@ -198,6 +206,7 @@ def test_jobs_sent_ahead_wait_for_a_lane(lanes_slot):
     assert peak == 2  # the lanes ran together, the rest waited for them
 
 
+@pytest.mark.slow
 def test_isolated_jobs_in_two_lanes_keep_each_others_fresh_executors(lanes_slot):
     # a fresh executor taken by one lane is not in the spare list while it warms up; the other
     # lane's sweep for stray processes must still know it is ours
@@ -222,22 +231,19 @@ def test_isolated_jobs_in_two_lanes_keep_each_others_fresh_executors(lanes_slot)
         [(r.evaluation.status.value, r.evaluation.reason, r.evaluation.log[:300]) for r in results.values()]
 
 
-def test_every_offender_gets_its_verdict_with_two_lanes(tmp_path):
+@pytest.mark.slow
+def test_every_offender_gets_its_verdict_with_two_lanes(tmp_path, local_ray):
     """The fault-injection suite with two jobs in flight per slot: offenders beside honest jobs,
     each still gets its designed status and reason."""
-    import ray
-
     from fibray.schema.reasons import FAULT_REASONS
     from test_faults import EXPECTED, PROBE, _config
     from _sweep_helpers import REPO, designed_verdict
 
     workdir = reachable_tmpdir("fibray-faults-lanes-")
-    ray.init(address="local", num_gpus=2, num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
         cfg = _config(tmp_path / "store", workdir, [str(REPO / "solutions"), str(REPO / "tests" / "candidates")])
         report = run_sweep(cfg.model_copy(update={"runner": cfg.runner.model_copy(update={"lanes": 2})}))
     finally:
-        ray.shutdown()
         shutil.rmtree(workdir, ignore_errors=True)
     df = scan(tmp_path / "store").collect()
     assert len(df) == report.total_jobs == 3 * (7 + len(EXPECTED))

@@ -16,6 +16,8 @@ from fibray.dataset import load_dataset
 from fibray.store import scan
 from fibray.sweep import run_sweep, validate_config
 
+pytestmark = pytest.mark.slow  # every test here runs real sweeps, Ray, compilers or sandboxed processes
+
 LLM = Path(__file__).resolve().parents[1] / "datasets" / "llm"
 FAMILIES = {
     "rmsnorm": "rmsnorm_h", "fused_add_rmsnorm": "fused_add_rmsnorm_h", "gemm_fp16": "gemm_n", "gemm_bf16": "gemm_bf16_",

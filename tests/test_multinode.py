@@ -25,6 +25,8 @@ from fibray.store import TraceStore, scan
 from fibray.sweep import run_sweep
 from _sweep_helpers import REPO, designed_verdict, smoke_config
 
+pytestmark = pytest.mark.slow  # every test here runs real sweeps, Ray, compilers or sandboxed processes
+
 DEFINITIONS = ["rmsnorm_h4096", "fused_add_rmsnorm_h4096"]
 TOTAL = 2 * 3 * 7  # definitions x cpu_small workloads x bundled solutions per definition
 # Node death is noticed by the GCS health check; the default (about 15 s) would dominate the test.

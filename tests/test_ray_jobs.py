@@ -14,9 +14,12 @@ import time
 from pathlib import Path
 
 import psutil
+import pytest
 
 from fibray.store import scan
 from _sweep_helpers import REPO, designed_verdict
+
+pytestmark = pytest.mark.slow  # every test here runs real sweeps, Ray, compilers or sandboxed processes
 
 
 def _free_port() -> int:

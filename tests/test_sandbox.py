@@ -8,11 +8,15 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from fibray.workers.process import sandbox
 from fibray.workers.process.launch import sandbox_argv
 from fibray.workers.process.channel import recv
 from fibray.workers.process.uids import DEFAULT_UID_RANGE, UidPool, uids_running
 from _sweep_helpers import reachable_tmpdir
+
+pytestmark = pytest.mark.slow  # every test here runs real sweeps, Ray, compilers or sandboxed processes
 
 
 def _limits(pid: int) -> dict[str, str]:

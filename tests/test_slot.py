@@ -15,6 +15,8 @@ from fibray.workers.slot import GpuSlot
 from fibray.workers.spec import SlotSpec
 from _sweep_helpers import REPO, reachable_tmpdir
 
+pytestmark = pytest.mark.slow  # every test here runs real sweeps, Ray, compilers or sandboxed processes
+
 
 def _jobs(solution: str = "rmsnorm_h4096_torch") -> list[Job]:
     ds = load_dataset(REPO / "datasets" / "core", definitions=["rmsnorm_h4096"], solution_roots=[REPO / "solutions"],

@@ -22,20 +22,22 @@ reference_latency_ms speedup hardware worker isolation attempt started_at finish
 triton_version python_version fibray_version""".split()
 
 
-@pytest.fixture(scope="module", autouse=True)
+@pytest.fixture(scope="module")
 def local_ray():
+    """One local Ray for the module's sweeps (only tests that sweep start it)."""
     ray.init(address="local", num_gpus=2, num_cpus=2, include_dashboard=False, log_to_driver=False)
     yield
     ray.shutdown()
 
 
 @pytest.fixture(scope="module")
-def smoke(tmp_path_factory):
+def smoke(tmp_path_factory, local_ray):
     store = tmp_path_factory.mktemp("store")
     report = run_sweep(smoke_config(store))
     return store, report
 
 
+@pytest.mark.slow
 def test_every_bundled_solution_gets_its_designed_verdict(smoke):
     store, report = smoke
     df = scan(store).collect()
@@ -50,6 +52,7 @@ def test_every_bundled_solution_gets_its_designed_verdict(smoke):
             assert row["log"] and len(row["log"]) <= 4096
 
 
+@pytest.mark.slow
 def test_store_rows_have_the_documented_columns_and_hive_partitions(smoke):
     store, _ = smoke
     df = pl.scan_parquet(f"{store}/**/*.parquet", hive_partitioning=True).collect()
@@ -63,6 +66,7 @@ def test_store_rows_have_the_documented_columns_and_hive_partitions(smoke):
                for p in TraceStore(store).files())
 
 
+@pytest.mark.slow
 def test_second_identical_run_adds_zero_rows(smoke):
     store, _ = smoke
     files = TraceStore(store).files()
@@ -71,7 +75,8 @@ def test_second_identical_run_adds_zero_rows(smoke):
     assert TraceStore(store).files() == files
 
 
-def test_changed_settings_are_new_jobs_in_the_same_sweep(tmp_path):
+@pytest.mark.slow
+def test_changed_settings_are_new_jobs_in_the_same_sweep(tmp_path, local_ray):
     cfg = smoke_config(tmp_path, dataset__definitions=["rmsnorm_h4096"], solutions__names=["rmsnorm_h4096_torch"])
     first = run_sweep(cfg)
     second = run_sweep(smoke_config(tmp_path, dataset__definitions=["rmsnorm_h4096"],
@@ -79,7 +84,8 @@ def test_changed_settings_are_new_jobs_in_the_same_sweep(tmp_path):
     assert (first.recorded, second.recorded, second.skipped) == (3, 3, 0)
 
 
-def test_third_party_flashinfer_dataset_runs_restricted(tmp_path, sample_root):
+@pytest.mark.slow
+def test_third_party_flashinfer_dataset_runs_restricted(tmp_path, sample_root, local_ray):
     cfg = smoke_config(tmp_path, dataset__root=str(sample_root), dataset__workload_set=None,
                        dataset__definitions=["rmsnorm_h4096", "gemm_n128_k2048"],
                        dataset__max_workloads_per_definition=2)

@@ -19,8 +19,9 @@ CORE = REPO / "datasets" / "core"
 ONE = {"dataset__definitions": ["rmsnorm_h4096"], "dataset__max_workloads_per_definition": 1}
 
 
-@pytest.fixture(scope="module", autouse=True)
+@pytest.fixture(scope="module")
 def local_ray():
+    """One local Ray for the module's sweeps (only tests that sweep start it)."""
     ray.init(address="local", num_gpus=2, num_cpus=2, include_dashboard=False, log_to_driver=False)
     yield
     ray.shutdown()
@@ -42,7 +43,8 @@ def test_dataset_hash_names_the_content_not_the_selection(tmp_path):
     assert load_dataset(_changed_copy(tmp_path)).hash != full.hash
 
 
-def test_rows_name_their_dataset_and_references_run_as_candidates(tmp_path):
+@pytest.mark.slow
+def test_rows_name_their_dataset_and_references_run_as_candidates(tmp_path, local_ray):
     report = run_sweep(smoke_config(tmp_path, solutions__roots=[], solutions__include_reference=True, **ONE))
     df = scan(tmp_path).collect()
     assert report.recorded == len(df) == 1
@@ -52,7 +54,8 @@ def test_rows_name_their_dataset_and_references_run_as_candidates(tmp_path):
     assert row["environment_limited"] is False
 
 
-def test_a_sweep_name_reused_with_another_dataset_is_refused(tmp_path):
+@pytest.mark.slow
+def test_a_sweep_name_reused_with_another_dataset_is_refused(tmp_path, local_ray):
     store = tmp_path / "store"
     run_sweep(smoke_config(store, **ONE, solutions__names=["rmsnorm_h4096_torch"]))
     files = TraceStore(store).files()
@@ -67,7 +70,8 @@ def test_a_sweep_name_reused_with_another_dataset_is_refused(tmp_path):
     assert set(scan(store).collect()["dataset_hash"]) == {load_dataset(CORE).hash, load_dataset(other).hash}
 
 
-def test_definitions_without_solutions_are_listed_in_a_warning(tmp_path, caplog):
+@pytest.mark.slow
+def test_definitions_without_solutions_are_listed_in_a_warning(tmp_path, caplog, local_ray):
     with caplog.at_level(logging.WARNING, logger="fibray"):
         report = run_sweep(smoke_config(tmp_path, dataset__definitions=["rmsnorm_h4096", "gemm_n128_k2048"],
                                         dataset__max_workloads_per_definition=1,

@@ -51,6 +51,7 @@ def test_imported_reference_reproduces_the_problem_baseline_on_the_stored_inputs
         assert torch.equal(namespace["run"](x, t, h, alpha), expected)
 
 
+@pytest.mark.slow
 def test_imported_solution_compiles_and_takes_fibray_c_abi_order(dataset_root: Path, tmp_path: Path) -> None:
     ds = load_dataset(dataset_root)
     sol = ds.solutions["xpuoj_silu_scale_xpuoj_cuda"]
