@@ -18,6 +18,8 @@ from fibray.promote.artifact import artifact_of, running_environment_record
 from fibray.store import Gate, Outcome, PromotionLog, PromotionRecord, Stage
 from fibray.sweep import run_sweep, validate_config
 
+pytestmark = pytest.mark.slow  # every test here runs real sweeps, Ray, compilers or sandboxed processes
+
 D = "stage_h64"
 SIZES = (2, 32)
 BIG = 1000.0
