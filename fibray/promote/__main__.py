@@ -116,6 +116,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--ci-floor", type=float, default=0.10, help="re-benchmark: the interval is at least +-this x median")
     p.add_argument("--sanitizer-deadline-s", type=float, default=600.0, help="deadline of one sanitizer run")
     p.add_argument("--sanitizer-parallel", type=int, default=2, help="sanitizer runs at once")
+    p.add_argument("--no-drop-privileges", action="store_true",
+                   help="run sanitizer runs with fibray's own privileges (default: uids of their own, as root)")
     p.add_argument("--revalidate", action="store_true", help="also gate validated or serving artifacts")
     p.add_argument("--tag", default="", help="gate sweeps are <sweep>.hidden.TAG, <sweep>.rebench.TAG (a new tag "
                                              "measures again; the same name reuses its rows)")
@@ -165,6 +167,7 @@ def main(argv: Optional[list[str]] = None) -> int:
                 gates=_gates(args.gates, "--gates"), num_gpus=args.num_gpus, max_workloads=args.max_workloads,
                 ci_k=args.ci_k, ci_floor=args.ci_floor, sanitizer_deadline_s=args.sanitizer_deadline_s,
                 sanitizer_parallel=args.sanitizer_parallel, revalidate=args.revalidate, tag=args.tag,
+                drop_privileges=not args.no_drop_privileges,
                 actor=actor))
         if args.approve:
             row = approve(plog, args.approve, waive=_gates(args.waive, "--waive"), note=args.note, actor=actor,

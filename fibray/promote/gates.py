@@ -29,6 +29,7 @@ from fibray.promote.sanitize_runner import SanitizeJob
 from fibray.promote.sanitizer import DEADLINE_S, GateResult, sanitizer_gates, unavailable
 from fibray.schema import EvalSettings, Solution
 from fibray.store import TraceStore
+from fibray.workers.process.sandbox import SandboxPolicy
 from fibray.store.promotions import (
     AUTOMATED_GATES, SANITIZER_GATES, Gate, Outcome, PromotionLog, PromotionRecord, Stage,
 )
@@ -74,6 +75,8 @@ class PromoteOptions(BaseModel):
     """Deadline of one (tool, workload) sanitizer run."""
     sanitizer_parallel: int = Field(default=2, ge=1)
     """Sanitizer runs at once."""
+    drop_privileges: bool = True
+    """Sanitizer runs as uids of their own (fibray as root); False runs them with fibray's own privileges."""
     revalidate: bool = False
     """Also gate artifacts that are validated or serving (takes them back to candidate)."""
     tag: str = Field(default="", pattern=r"^[A-Za-z0-9_.-]{0,32}$")
@@ -329,7 +332,8 @@ def run_gates(opts: PromoteOptions, echo: Callable[[str], None] = print) -> list
         seed = settings_of(cands).seed
         for c in live():
             res = sanitizer_gates(sanitizer_jobs(opts, ds, c, seed), deadline_s=opts.sanitizer_deadline_s,
-                                  parallel=opts.sanitizer_parallel, executable=exe, why_not=why_not)
+                                  parallel=opts.sanitizer_parallel, executable=exe, why_not=why_not,
+                                  policy=SandboxPolicy(drop_privileges=opts.drop_privileges))
             for gate in SANITIZER_GATES:
                 if gate in opts.gates:
                     publish({c.solution.hash: res[gate]})

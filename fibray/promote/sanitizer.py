@@ -1,7 +1,8 @@
 """The sanitizer gate: compute-sanitizer memcheck, racecheck, initcheck and synccheck on every workload.
 
 Each (tool, workload) runs in its own process: the executor sandbox's launcher (limits, no
-network, an unprivileged uid where fibray runs as root), then `compute-sanitizer --tool X
+network, a leased uid of its own where fibray runs as root; the gate is not_run when that
+cannot be put in force), then `compute-sanitizer --tool X
 --error-exitcode 86`, then fibray.promote.sanitize_runner, with its own deadline and its
 process group killed when it passes. Where there is no GPU, no compute-sanitizer, or one that
 refuses this device (a probe that must run clean), every tool is `not_run`, never passed.
@@ -21,6 +22,7 @@ from pathlib import Path
 
 from fibray.promote.sanitize_runner import RUNNER_FAILED, SanitizeJob
 from fibray.store.promotions import SANITIZER_GATES, Gate, Outcome
+from fibray.workers.process.sandbox import SandboxPolicy
 
 SANITIZER_ENV = "FIBRAY_COMPUTE_SANITIZER"
 """Path of the compute-sanitizer executable, when it is not on PATH or under CUDA_HOME/bin."""
@@ -32,7 +34,6 @@ PROBE_DEADLINE_S = 300.0
 """Deadline of the probe that proves the sanitizer works on this device."""
 TAIL_CHARS = 6000
 """Output kept per run in the evidence."""
-_NOBODY = 65534
 _PROBE = "import torch; x = torch.ones(8, device='cuda'); torch.cuda.synchronize(); print('probe', float(x.sum()))"
 
 
@@ -103,39 +104,45 @@ def _errors(text: str) -> int | None:
 
 
 def _run(argv: list[str], *, tool: str, workload: str, deadline_s: float, workdir: Path,
-         sandboxed: bool = False, build_cache: str | None = None) -> ToolRun:
-    """Run argv in its own session (sandboxed: through the executor launcher); kill its group at the deadline."""
+         policy: SandboxPolicy | None = None, build_cache: str | None = None) -> ToolRun:
+    """Run argv in its own session (with a policy: through the executor launcher, as a leased uid of
+    its own when the policy drops privileges); kill its group, and its uid's processes, at the end."""
     from fibray.workers.process.launch import sandbox_argv
-    from fibray.workers.process.sandbox import (
-        can_drop_privileges, kill_tree, network_namespaces_available, scrubbed_env, world_executable,
-    )
+    from fibray.workers.process.sandbox import kill_tree, network_namespaces_available, scrubbed_env, uid_pool
 
     env = scrubbed_env({"HOME": str(workdir), "TMPDIR": str(workdir), "PYTHONUNBUFFERED": "1",
                         "PYTHONDONTWRITEBYTECODE": "1", "TRITON_CACHE_DIR": str(workdir / "triton")})
     if build_cache:  # compiled CUDA/C++ artifacts, shared by the runs of one gate (compiled once)
         env["FIBRAY_BUILD_CACHE"] = build_cache
-    if sandboxed:
+    lease = None
+    if policy is not None:
         # one cudaMalloc per tensor: inside torch's caching pool a write past a tensor's end lands in
         # memory the pool owns, where memcheck cannot see it, and reused blocks look initialised
         env["PYTORCH_NO_CUDA_MEMORY_CACHING"] = "1"
-        uid = _NOBODY if can_drop_privileges() and world_executable(str(workdir)) else None
-        if uid is not None:
+        lease = uid_pool(policy).lease() if policy.drop_privileges else None
+        if lease is not None:
             for p in (workdir, *workdir.iterdir()):
-                os.chown(p, uid, uid)
-        argv = [*sandbox_argv(max_open_files=4096, max_processes=4096, memory_limit_bytes=None, cpu_seconds=None,
-                              netns=network_namespaces_available(), uid=uid), *argv]
+                os.chown(p, lease.uid, lease.uid)
+        argv = [*sandbox_argv(max_open_files=policy.max_open_files, max_processes=policy.max_processes,
+                              memory_limit_bytes=None, cpu_seconds=None,
+                              netns=policy.isolate_network and network_namespaces_available(),
+                              uid=lease.uid if lease else None), *argv]
     t0 = time.monotonic()
-    proc = subprocess.Popen(argv, cwd=workdir, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, start_new_session=True)
     try:
-        out, _ = proc.communicate(timeout=deadline_s)
-        timed_out = False
-    except subprocess.TimeoutExpired:
-        kill_tree(proc.pid, proc.pid)
-        out, _ = proc.communicate()
-        timed_out = True
+        proc = subprocess.Popen(argv, cwd=workdir, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            out, _ = proc.communicate(timeout=deadline_s)
+            timed_out = False
+        except subprocess.TimeoutExpired:
+            kill_tree(proc.pid, proc.pid)
+            out, _ = proc.communicate()
+            timed_out = True
+        finally:
+            kill_tree(proc.pid, proc.pid)  # whatever the candidate left behind in its group
     finally:
-        kill_tree(proc.pid, proc.pid)  # whatever the candidate left behind in its group
+        if lease is not None:
+            lease.release()  # kills anything still running as its uid
     text = out.decode(errors="replace")
     rc = proc.returncode
     if timed_out:
@@ -153,16 +160,18 @@ def _run(argv: list[str], *, tool: str, workload: str, deadline_s: float, workdi
 
 
 def run_tool(prefix: list[str], tool: str, job: SanitizeJob, deadline_s: float, base: Path | None = None,
-             build_cache: str | None = None) -> ToolRun:
-    """One candidate on one workload under `prefix` (the sanitizer command; [] runs it bare), sandboxed."""
-    workdir = Path(tempfile.mkdtemp(prefix=f"fibray-{tool}-", dir=base))
-    os.chmod(workdir, 0o755)
+             build_cache: str | None = None, policy: SandboxPolicy | None = None) -> ToolRun:
+    """One candidate on one workload under `prefix` (the sanitizer command; [] runs it bare), in the
+    executor sandbox of `policy` (default: the sweep's, an unprivileged uid of its own when root)."""
+    policy = policy or SandboxPolicy()
+    workdir = Path(tempfile.mkdtemp(prefix=f"fibray-{tool}-", dir=base))  # 0700, then the leased uid's
     (workdir / "job.json").write_text(job.model_dump_json(), encoding="utf-8")
     argv = [*prefix, sys.executable, "-m", "fibray.promote.sanitize_runner", str(workdir / "job.json")]
-    run = _run(argv, tool=tool, workload=job.workload.uuid, deadline_s=deadline_s, workdir=workdir, sandboxed=True,
-               build_cache=build_cache)
-    shutil.rmtree(workdir, ignore_errors=True)
-    return run
+    try:
+        return _run(argv, tool=tool, workload=job.workload.uuid, deadline_s=deadline_s, workdir=workdir,
+                    policy=policy, build_cache=build_cache)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
 
 
 def sanitizer_command(exe: str, tool: str) -> list[str]:
@@ -172,21 +181,31 @@ def sanitizer_command(exe: str, tool: str) -> list[str]:
 
 
 def sanitizer_gates(jobs: list[SanitizeJob], *, deadline_s: float = DEADLINE_S, parallel: int = 2,
-                    executable: str | None = None, why_not: str | None = None) -> dict[Gate, GateResult]:
+                    executable: str | None = None, why_not: str | None = None,
+                    policy: SandboxPolicy | None = None) -> dict[Gate, GateResult]:
     """The four sanitizer gates of one candidate over its workloads (jobs: one per workload)."""
+    from fibray.compile.cache import compile_ahead
+    from fibray.workers.process.sandbox import privilege_problem
+
+    policy = policy or SandboxPolicy()
     if executable is None and why_not is None:
         executable, why_not = unavailable()
+    if executable is not None and (problem := privilege_problem(policy, tempfile.gettempdir())) is not None:
+        executable, why_not = None, f"the sandbox cannot be put in force: {problem}"  # fails closed
     if executable is None:
         return {g: GateResult(g, Outcome.NOT_RUN, f"not_run: {why_not}", {"reason": why_not}) for g in SANITIZER_GATES}
     if not jobs:
         return {g: GateResult(g, Outcome.NOT_RUN, "not_run: no workloads to run it on") for g in SANITIZER_GATES}
     work = [(g, job) for g in SANITIZER_GATES for job in jobs]
+    # compiled here, by fibray, once; the runs only read it (an executor never writes a shared cache)
     cache = tempfile.mkdtemp(prefix="fibray-sanitizer-builds-")
-    os.chmod(cache, 0o1777)  # the runs may be an unprivileged uid
+    os.chmod(cache, 0o755)
     try:
+        for solution in {j.solution.hash: j.solution for j in jobs}.values():
+            compile_ahead(solution, cache, deadline_s)
         with ThreadPoolExecutor(max_workers=max(1, parallel)) as pool:
             runs = list(pool.map(lambda gj: run_tool(sanitizer_command(executable, gj[0].value), gj[0].value, gj[1],
-                                                      deadline_s, build_cache=cache), work))
+                                                      deadline_s, build_cache=cache, policy=policy), work))
     finally:
         shutil.rmtree(cache, ignore_errors=True)
     results: dict[Gate, GateResult] = {}
