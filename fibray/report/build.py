@@ -153,14 +153,15 @@ def _failure_section(units: pl.LazyFrame, out: Path) -> Section:
                    [plots.save(plots.failure_figure(taxonomy, reasons), out / "failures.png")])
 
 
-def _evolve_section(units: pl.LazyFrame, out: Path) -> Section:
+def _evolve_section(units: pl.LazyFrame, out: Path, cpu: bool) -> Section:
     rounds = evolve_rounds(units)
     tables = [(f"{definition} ({run_id})", part.drop("run_id", "definition"))
               for (run_id, definition), part in rounds.group_by(["run_id", "definition"], maintain_order=True)]
     return Section("Agent loop", "Rows recorded by `python -m fibray.evolve`: per definition and round, the candidates, "
                    "how many passed every public workload, the round's best and the best so far (geomean speedup over "
                    "public workloads); then the best candidate scored on the hidden workloads it never saw "
-                   "(gap = hidden / public - 1).",
+                   "(gap = hidden / public - 1)." + (" Timed by wall clock on a CPU: the loop's own objective here, "
+                                                     "not a measure of the kernels." if cpu else ""),
                    [*tables, ("public -> hidden", evolve_gap(units))],
                    [plots.save(plots.evolve_rounds_figure(rounds), out / "evolve_rounds.png")])
 
@@ -220,7 +221,7 @@ def build_report(store: str | Path, out: str | Path, sweep: Optional[str] = None
     if limited.select(pl.len()).collect().item():
         sections.append(_limited_section(limited))
     if has_loop_rows(units):
-        sections.append(_evolve_section(units, out))
+        sections.append(_evolve_section(units, out, cpu))
     if baseline is not None:
         sections.append(_comparison_section(store, baseline, sweep))
     n = units.select(pl.len()).collect().item()
