@@ -26,7 +26,7 @@ import torch
 
 from fibray.compile.base import BuildError
 from fibray.compile.cache import BuildLockTimeout, exclusive_lock
-from fibray.compile.cuda import host_compiler, run_compiler
+from fibray.compile.toolchain import host_compiler, run_compiler
 
 log = logging.getLogger(__name__)
 

@@ -30,7 +30,7 @@ Bindings (``spec.binding``):
   A c_abi runnable needs the definition to marshal arguments: ``bind(runnable, definition)``.
 - ``tvm-ffi`` and anything else: BuildError reason ``unsupported_binding``.
 
-Target: ``-gencode arch=compute_90,code=sm_90`` (H100/H200); FIBRAY_CUDA_ARCH overrides it
+Target (fibray.compile.toolchain): ``-gencode arch=compute_90,code=sm_90`` (H100/H200); FIBRAY_CUDA_ARCH overrides it
 ("90", "90a", "80,90"). Compile errors are BuildError ``nvcc_error`` (host compiler:
 ``cxx_error``, linker: ``link_error``) with the bounded compiler output.
 """
@@ -38,12 +38,8 @@ Target: ``-gencode arch=compute_90,code=sm_90`` (H100/H200); FIBRAY_CUDA_ARCH ov
 from __future__ import annotations
 
 import ctypes
-import functools
 import importlib.util
 import os
-import shutil
-import signal
-import subprocess
 import sys
 import sysconfig
 import warnings
@@ -55,6 +51,9 @@ from pydantic import BaseModel
 from fibray import deadlines
 from fibray.compile.base import BuildError, Runnable, register_builder
 from fibray.compile.cache import ArtifactCache, CacheResult, register_compiler
+from fibray.compile.toolchain import (
+    cuda_arch, cuda_home, gencode_flags, host_compiler, nvcc, nvcc_or_name, run_compiler, tool_version,
+)
 from fibray.schema import Definition, Solution
 from fibray.schema.reasons import Reason
 
@@ -68,7 +67,6 @@ BUILDER_VERSION = "2"
 BINDINGS = ("torch", "c_abi")
 ARTIFACT_FILE = "cuda_artifact.json"
 COMPILED_SUFFIXES = (".cu", ".cpp", ".cc", ".cxx", ".c")
-_LOG_LIMIT = 12000
 _CUDA_CMAKE_MACROS = "c10/cuda/impl/cuda_cmake_macros.h"
 _SUPPORT_SOURCE = r"""
 #include <cuda_runtime.h>
@@ -109,61 +107,6 @@ class CudaArtifact(BaseModel):
     """Whether running it needs a GPU."""
 
 
-# -- toolchain ---------------------------------------------------------------------------
-def cuda_arch() -> list[str]:
-    """Target architectures: FIBRAY_CUDA_ARCH ("90", "sm_90a", "8.0,9.0") or 90."""
-    raw = os.environ.get("FIBRAY_CUDA_ARCH", "90")
-    archs = [a.strip().lower().removeprefix("sm_").removeprefix("compute_").replace(".", "") for a in raw.split(",")]
-    if not archs or not all(a[:-1].isdigit() if a.endswith("a") else a.isdigit() for a in archs):
-        raise BuildError(f"FIBRAY_CUDA_ARCH: expected e.g. '90', '90a' or '80,90', got {raw!r}", Reason.BAD_CUDA_ARCH)
-    return archs
-
-
-def gencode_flags() -> list[str]:
-    """nvcc -gencode flags for the target architectures."""
-    return [f for a in cuda_arch() for f in ("-gencode", f"arch=compute_{a},code=sm_{a}")]
-
-
-@functools.cache
-def _cuda_home() -> Optional[Path]:
-    for env in ("CUDA_HOME", "CUDA_PATH"):
-        if os.environ.get(env):
-            return Path(os.environ[env])
-    nvcc = shutil.which("nvcc")
-    if nvcc:
-        home = Path(os.path.realpath(nvcc)).parent.parent
-        if (home / "include" / "cuda_runtime.h").is_file():
-            return home
-    return Path("/usr/local/cuda") if Path("/usr/local/cuda/include/cuda_runtime.h").is_file() else None
-
-
-def _nvcc() -> str:
-    if os.environ.get("NVCC"):
-        return os.environ["NVCC"]
-    home = _cuda_home()
-    if home is not None and (home / "bin" / "nvcc").is_file():
-        return str(home / "bin" / "nvcc")
-    found = shutil.which("nvcc")
-    if not found:
-        raise BuildError("nvcc not found (set CUDA_HOME or put nvcc on PATH)", Reason.NVCC_MISSING)
-    return found
-
-
-def host_compiler() -> str:
-    """The host C++ compiler: $CXX, else c++ on PATH, else g++."""
-    return os.environ.get("CXX") or shutil.which("c++") or "g++"
-
-
-@functools.cache
-def _tool_version(tool: str) -> str:
-    try:
-        out = subprocess.run([tool, "--version"], capture_output=True, text=True, timeout=deadlines.TOOL_VERSION_S).stdout
-    except (OSError, subprocess.TimeoutExpired):
-        return "missing"
-    lines = [ln for ln in out.splitlines() if ln.strip()]
-    return (lines[-1] if "nvcc" in tool else lines[0]) if lines else "unknown"
-
-
 def binding_of(solution: Solution) -> str:
     """The solution's binding (None means torch); BuildError for one fibray cannot build."""
     binding = solution.spec.binding or "torch"
@@ -177,21 +120,14 @@ def binding_of(solution: Solution) -> str:
 def toolchain_fingerprint(solution: Solution) -> dict[str, str]:
     """Everything besides the sources that changes the artifact (part of the cache key)."""
     binding = solution.spec.binding or "torch"
-    fp = {"builder": BUILDER_VERSION, "binding": binding, "nvcc": _tool_version(_nvcc_or_name()),
-          "cxx": _tool_version(host_compiler()), "arch": ",".join(cuda_arch())}
+    fp = {"builder": BUILDER_VERSION, "binding": binding, "nvcc": tool_version(nvcc_or_name()),
+          "cxx": tool_version(host_compiler()), "arch": ",".join(cuda_arch())}
     if binding == "torch":
         import torch
 
         fp.update(torch=torch.__version__, torch_cuda=str(torch.version.cuda),
                   python=sysconfig.get_config_var("SOABI") or sys.version.split()[0])
     return fp
-
-
-def _nvcc_or_name() -> str:
-    try:
-        return _nvcc()
-    except BuildError:
-        return "nvcc"
 
 
 # -- compile -----------------------------------------------------------------------------
@@ -235,7 +171,7 @@ def _compile_c_abi(sources: list[Path], src: Path, outdir: Path, entry: str, tim
     support = outdir / "_fibray_cabi_support.cu"
     support.write_text(_SUPPORT_SOURCE, encoding="utf-8")
     exports = _exports(outdir, [entry, "fibray_cabi_set_device", "fibray_cabi_last_error"])
-    cmd = [_nvcc(), "-shared", "-Xcompiler", "-fPIC", "-O3", "-std=c++17", *gencode_flags(), f"-I{src}",
+    cmd = [nvcc(), "-shared", "-Xcompiler", "-fPIC", "-O3", "-std=c++17", *gencode_flags(), f"-I{src}",
            *map(str, sources), str(support), "-Xlinker", f"--version-script={exports}", "-o", str(outdir / "lib.so")]
     run_compiler(cmd, outdir, timeout_s, Reason.NVCC_ERROR)
     return CudaArtifact(binding="c_abi", mode="full", library="lib.so")
@@ -254,7 +190,7 @@ def _compile_torch(solution: Solution, sources: list[Path], src: Path, outdir: P
     except TypeError:  # torch < 2.6: include_paths(cuda: bool)
         torch_includes = ce.include_paths(False)
     includes = [*torch_includes, sysconfig.get_path("include", scheme="posix_prefix")]
-    home = _cuda_home()
+    home = cuda_home()
     if with_cuda and home is not None:
         includes.append(str(home / "include"))
     if with_cuda and not any((Path(i) / _CUDA_CMAKE_MACROS).is_file() for i in torch_includes):
@@ -274,7 +210,7 @@ def _compile_torch(solution: Solution, sources: list[Path], src: Path, outdir: P
         obj = outdir / "obj" / (source.relative_to(src).as_posix().replace("/", "__") + ".o")
         obj.parent.mkdir(exist_ok=True)
         if source.suffix == ".cu":
-            cmd = [_nvcc(), *common, *ce.COMMON_NVCC_FLAGS, *gencode_flags(), "--compiler-options", "-fPIC",
+            cmd = [nvcc(), *common, *ce.COMMON_NVCC_FLAGS, *gencode_flags(), "--compiler-options", "-fPIC",
                    "-O3", "-std=c++20", "-c", str(source), "-o", str(obj)]
             run_compiler(cmd, outdir, timeout_s, Reason.NVCC_ERROR)
         elif full:
@@ -296,38 +232,6 @@ def _compile_torch(solution: Solution, sources: list[Path], src: Path, outdir: P
           "-o", str(outdir / library)],
          outdir, timeout_s, Reason.LINK_ERROR)
     return CudaArtifact(binding="torch", mode="full", library=library, module=module, needs_cuda=with_cuda)
-
-
-def run_compiler(cmd: Sequence[str], cwd: Path, timeout_s: float, reason: str) -> None:
-    """Run one compiler command in its own process group; BuildError with its output on failure."""
-    try:
-        proc = subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                errors="replace", start_new_session=True)
-    except OSError as e:
-        raise BuildError(f"cannot run {cmd[0]}: {e.strerror}", reason) from None
-    try:
-        out, _ = proc.communicate(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, _ = proc.communicate()
-        raise BuildError(f"{Path(cmd[0]).name} did not finish within {timeout_s:.0f}s\n{_bound(out)}",
-                         Reason.COMPILE_TIMEOUT) from None
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-    if proc.returncode != 0:
-        shown = " ".join(Path(c).name if i == 0 else c for i, c in enumerate(cmd))
-        text = out.replace(str(cwd) + "/", "")
-        raise BuildError(f"{Path(cmd[0]).name} failed (exit {proc.returncode}):\n{_bound(text)}\ncommand: {_bound(shown, 2000)}",
-                         reason)
-
-
-def _bound(text: str, limit: int = _LOG_LIMIT) -> str:
-    if len(text) <= limit:
-        return text
-    head = limit // 3
-    return f"{text[:head]}\n... [{len(text) - limit} chars cut] ...\n{text[-(limit - head):]}"
 
 
 # -- load --------------------------------------------------------------------------------
