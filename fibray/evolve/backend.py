@@ -12,6 +12,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Optional, Protocol, Sequence, Union
 
+from fibray import deadlines
 from fibray.schema import Job, JobResult
 
 if TYPE_CHECKING:
@@ -71,7 +72,7 @@ class PoolBackend:
         deadline = self.cfg.eval.build_deadline_s
         task = ray.remote(num_cpus=1)(compile_ahead)
         refs = [task.remote(s, self._build_cache, deadline) for s in solutions.values()]
-        ray.wait(refs, num_returns=len(refs), timeout=deadline + 120)
+        ray.wait(refs, num_returns=len(refs), timeout=deadline + deadlines.COMPILE_AHEAD_GRACE_S)
 
     def evaluate(self, jobs: Sequence[Job]) -> dict[str, JobResult]:
         if not jobs:
