@@ -50,6 +50,8 @@ def main() -> int:
     t0 = time.monotonic()
     report = run_sweep(smoke_config(base / "all", solutions__roots=roots, **common))
     wall = time.monotonic() - t0
+    # the same secret input salt, so that the controls alone see the same inputs
+    TraceStore(base / "controls").sweep_salt("faults", adopt=TraceStore(base / "all").sweep_salt("faults"))
     run_sweep(smoke_config(base / "controls", solutions__roots=roots[:1], solutions__names=CONTROLS, **common))
     cols = ["solution", "workload_uuid", "axes", "status", "reason", "isolation", "escalated", "latency_ms",
             "reference_latency_ms", "timing_mode", "max_abs_error", "network_isolated", "privileges_dropped", "log"]

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import ray
 
-from fibray.store import scan
+from fibray.store import TraceStore, scan
 from fibray.sweep import run_sweep
 from fibray.schema.reasons import FAULT_REASONS
 from fibray.workers.process.sandbox import network_namespaces_available
@@ -49,6 +49,8 @@ def sweeps(tmp_path_factory):
         base = tmp_path_factory.mktemp("faults")
         workdir = reachable_tmpdir("fibray-faults-")
         with_offenders = run_sweep(_config(base / "all", workdir, [str(REPO / "solutions"), str(REPO / "tests" / "candidates")]))
+        # the same secret input salt, so that the controls alone see the same inputs
+        TraceStore(base / "controls").sweep_salt("faults", adopt=TraceStore(base / "all").sweep_salt("faults"))
         controls_only = run_sweep(_config(base / "controls", workdir, [str(REPO / "solutions")], CONTROLS))
         yield {"all": scan(base / "all").collect(), "controls": scan(base / "controls").collect(),
                "report": with_offenders, "controls_report": controls_only, "workdir": workdir}

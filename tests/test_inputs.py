@@ -92,6 +92,12 @@ def test_the_sweep_salt_is_drawn_once_kept_private_and_reused_on_resume(tmp_path
     path = tmp_path / "_secrets" / "sweep=s1"
     assert stat.S_IMODE(path.stat().st_mode) == 0o600 and stat.S_IMODE(path.parent.stat().st_mode) == 0o700
     assert not list(tmp_path.glob("**/*.parquet"))  # nothing a reader of the store sees
+    other = TraceStore(tmp_path / "other")
+    assert other.sweep_salt("s1", adopt=salt) == salt == other.sweep_salt("s1")  # a second store sharing the inputs
+    from fibray.store.writer import StoreError
+
+    with pytest.raises(StoreError, match="already has a different input salt"):
+        other.sweep_salt("s1", adopt=b"x" * 32)
 
 
 def _core(solutions: list[str], roots: list[Path] | None = None):

@@ -109,10 +109,11 @@ class TraceStore:
         """Ids of the jobs already recorded (the ledger)."""
         return set(self.read(sweep=sweep, columns=["job_id"]).column("job_id").to_pylist())
 
-    def sweep_salt(self, sweep: str) -> bytes:
+    def sweep_salt(self, sweep: str, adopt: Optional[bytes] = None) -> bytes:
         """The sweep's secret input salt: drawn at random when the sweep first runs, kept for its
         resumes in `_secrets/sweep=<s>` (mode 0600, in a 0700 folder: the driver's, unreadable to
-        executors that run as other users). Call it holding the sweep's lock."""
+        executors that run as other users). Call it holding the sweep's lock. `adopt` gives a sweep
+        that has none yet another's salt (two sweeps that must see the same inputs)."""
         folder = self.root / "_secrets"
         path = folder / f"sweep={_enc(sweep)}"
         try:
@@ -124,7 +125,7 @@ class TraceStore:
                 tmp = folder / f".{path.name}.{uuid.uuid4().hex}.tmp"
                 fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
                 with os.fdopen(fd, "wb") as f:
-                    f.write(os.urandom(32))
+                    f.write(adopt if adopt is not None else os.urandom(32))
                     f.flush()
                     os.fsync(f.fileno())
                 os.replace(tmp, path)
@@ -133,6 +134,8 @@ class TraceStore:
             raise StoreError(f"store.root: cannot keep the sweep's input salt in {folder}: {e.strerror}") from None
         if len(salt) != 32:
             raise StoreError(f"{path}: not a sweep input salt ({len(salt)} bytes, expected 32); remove it to draw a new one")
+        if adopt is not None and salt != adopt:
+            raise StoreError(f"{path}: sweep {sweep!r} already has a different input salt")
         return salt
 
     @contextlib.contextmanager
