@@ -114,6 +114,8 @@ def main() -> int:
     ap.add_argument("--in-process", action="store_true", help="judge candidates in this process, not the Ray sweep")
     ap.add_argument("--gates", default="", help="automated gates to run before the review (e.g. rebench); the rest are waived")
     ap.add_argument("--canary-fraction", type=float, default=0.25)
+    ap.add_argument("--latency-margin", type=float, default=0.5,
+                    help="demote a staged kernel whose P99 exceeds its baseline's by more than this fraction")
     ap.add_argument("--iters", type=int, default=30 if cuda else 3)
     ap.add_argument("--warmup", type=int, default=5 if cuda else 1)
     ap.add_argument("--json", type=Path, help="write the results here")
@@ -179,7 +181,7 @@ def main() -> int:
                                   actor="promotion_block", artifact=art)
             rt = build_runtime(store, dataset, config=ApplyConfig(
                 workdir=str(work / "builds"), require_promotion=True, canary_fraction=args.canary_fraction,
-                max_atol=5e-2, max_rtol=5e-2))
+                latency_margin=args.latency_margin, max_atol=5e-2, max_rtol=5e-2))
             rt.activate()
             stage_res = {}
             for batch_name, batch in inputs.items():
