@@ -125,6 +125,14 @@ class SweepSection(_Strict):
         return v
 
 
+class ServiceRef(_Strict):
+    name: Optional[str] = "fibray"
+    """Run on the service of this name when one is running (python -m fibray.serve); null (`service=off`):
+    always start private slots."""
+    state_dir: Optional[str] = None
+    """Where local services leave their state files; null: $FIBRAY_STATE_DIR or ~/.cache/fibray/serve."""
+
+
 class SweepConfig(_Strict):
     dataset: DatasetConfig
     solutions: SolutionsConfig = Field(default_factory=SolutionsConfig)
@@ -133,6 +141,7 @@ class SweepConfig(_Strict):
     sweep: SweepSection = Field(default_factory=SweepSection)
     eval: EvalSettings = Field(default_factory=EvalSettings)
     runner: RunnerConfig = Field(default_factory=RunnerConfig)
+    service: ServiceRef = Field(default_factory=ServiceRef)
 
 
 def config_keys(model: type[BaseModel] = SweepConfig, prefix: str = "") -> list[str]:

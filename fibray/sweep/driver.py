@@ -340,19 +340,29 @@ def run_sweep(cfg: SweepConfig) -> SweepReport:
         return report
 
 
+def _service(cfg: SweepConfig):
+    """The running service this sweep should use (cfg.service.name), or None: start private slots."""
+    if not cfg.service.name:
+        return None
+    from fibray.client.remote import attach_service  # the service is optional; most sweeps never load it
+
+    return attach_service(cfg.service.name, cfg.cluster.address, cfg.service.state_dir, cfg.cluster.log_to_driver)
+
+
 def _run(cfg: SweepConfig, todo: list[Job], report: SweepReport, recorder: _Recorder, t0: float) -> None:
-    import ray
+    service = _service(cfg)  # a running fibray.serve: its warm slots take the jobs, this driver records
+    import ray  # after _service, which may set the auth mode Ray reads at import
 
     from fibray.sweep.pool import WorkerPool
 
     started, pool, progress, remove, previous = False, None, None, None, None
     try:
-        slots, started = init_ray(cfg)
-        workdir, remove = _make_workdir(cfg, started)
+        slots, started = (service.num_slots, service.joined) if service else init_ray(cfg)
+        workdir, remove = (None, None) if service else _make_workdir(cfg, started)
         cpus = int(ray.cluster_resources().get("CPU", os.cpu_count() or 1))
         r = cfg.runner
-        build_cache = compile_ahead_on_cpus(todo, cfg)
-        pool = WorkerPool(pool_options(cfg, slots, cpus, build_cache, workdir=workdir))
+        build_cache = None if service else compile_ahead_on_cpus(todo, cfg)
+        pool = service or WorkerPool(pool_options(cfg, slots, cpus, build_cache, workdir=workdir))
         log.info("starting %d GPU slot(s) (executors, torch, warm standby) ...", slots)
         progress = Progress(len(todo), cfg.sweep.progress)
 
@@ -362,7 +372,7 @@ def _run(cfg: SweepConfig, todo: list[Job], report: SweepReport, recorder: _Reco
                 for name, seconds in result.phases.items():
                     report.phases[name] = report.phases.get(name, 0.0) + seconds
 
-        report.slots, report.lanes, report.setup_s = slots, r.lanes, time.monotonic() - t0
+        report.slots, report.lanes, report.setup_s = slots, service.lanes if service else r.lanes, time.monotonic() - t0
         pool.run(todo, on_result)
         first = pool.first_dispatch if pool.first_dispatch is not None else time.monotonic()
         report.start_s, report.run_s = first - t0 - report.setup_s, time.monotonic() - first

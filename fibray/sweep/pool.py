@@ -55,6 +55,10 @@ class PoolOptions:
     spare_isolated: int = 1
     lanes: int = 1                   # jobs in flight per slot
     sandbox: SandboxPolicy = field(default_factory=SandboxPolicy)
+    actor_prefix: Optional[str] = None
+    """Name slot actors `<prefix>gpu<i>.<generation>` as detached actors (the service's slots outlive their caller)."""
+    namespace: Optional[str] = None
+    """Ray namespace of named slot actors."""
 
     @classmethod
     def from_runner(cls, r: RunnerConfig, *, num_slots: int, torch_threads: Optional[int] = None,
@@ -119,9 +123,12 @@ class WorkerPool:
     # -- slots -----------------------------------------------------------------------------
     def _spawn(self, slot: Slot) -> None:
         slot.generation += 1
+        named = ({"name": f"{self.opt.actor_prefix}gpu{slot.index}.{slot.generation}", "namespace": self.opt.namespace,
+                  "lifetime": "detached"} if self.opt.actor_prefix else {})
         slot.actor = RemoteSlot.options(
             num_gpus=self.opt.num_gpus_per_slot, num_cpus=self.opt.num_cpus_per_slot, max_restarts=0,
             max_concurrency=self.opt.lanes + 2,  # its lanes' jobs, the one waiting, a stats or shutdown call
+            **named,
         ).remote(self.opt.slot_spec(f"gpu{slot.index}.{slot.generation}"))
         slot.phase, slot.start_ref, slot.inflight = "start", slot.actor.info.remote(), {}
         slot.start_deadline = time.monotonic() + self.opt.start_deadline_s
