@@ -131,7 +131,7 @@ def round_latency(svc: Service, data: Path, args: argparse.Namespace, rounds: in
 
     ds = load_dataset(data)
     name = next(n for n in ds.definitions if len(ds.workloads.get(n, [])) >= 8)
-    sol = ds.solutions_for(name)[0]
+    sol = _honest(ds, name)
     workloads = [w.uuid for w in ds.workloads[name][:8]]
     client = Client("bench-rounds", store=svc.store, service=svc.name, state_dir=str(svc.state_dir), dataset=data)
     times = []
@@ -148,6 +148,12 @@ def round_latency(svc: Service, data: Path, args: argparse.Namespace, rounds: in
     return times
 
 
+def _honest(ds: Any, definition: str) -> Any:
+    """The definition's plain PyTorch solution (`<definition>_torch`), else its first one."""
+    sols = ds.solutions_for(definition)
+    return next((s for s in sols if s.name == f"{definition}_torch"), sols[0])
+
+
 def _q(xs: list[float], q: float) -> float:
     s = sorted(xs)
     return s[min(len(s) - 1, int(round(q * (len(s) - 1))))]
@@ -161,7 +167,7 @@ def candidates(data: Path, n: int, client_index: int) -> tuple[str, list, Any]:
 
     ds = load_dataset(data)
     name = next(n_ for n_ in ds.definitions if ds.solutions_for(n_))
-    base = next((s for s in ds.solutions_for(name) if s.spec.language.value == "python"), ds.solutions_for(name)[0])
+    base = _honest(ds, name)
     out = []
     for i in range(n):
         d = base.to_json_dict()
@@ -225,17 +231,13 @@ def load_test(svc: Service, data: Path, work: Path, args: argparse.Namespace) ->
     # the same jobs as a plain sweep: the candidates as a dataset's solutions, one workload each
     plain = work / "load-dataset"
     shutil.rmtree(plain, ignore_errors=True)
-    shutil.copytree(data, plain, symlinks=True)
+    shutil.copytree(data, plain, symlinks=True, ignore=shutil.ignore_patterns("solutions"))
     name = per_client[0][0]
-    for _, sols, workload in per_client:
+    folder = plain / "solutions" / name
+    folder.mkdir(parents=True)
+    for _, sols, _ in per_client:
         for s in sols:
-            folder = plain / "solutions" / "load" / name
-            folder.mkdir(parents=True, exist_ok=True)
             (folder / f"{s.name}.json").write_text(json.dumps(s.to_json_dict()))
-    shutil.rmtree(plain / "solutions" / "original", ignore_errors=True)
-    for p in list((plain / "solutions").rglob("*.json")):
-        if "_c" not in p.stem:
-            p.unlink()
     ref = run_sweep(plain, work, args, "load-plain", {**os.environ}, ["service=off", f"dataset.definitions=[{name}]",
                                                                       "dataset.max_workloads_per_definition=1"])
     return {"total": total, "answered": answered, "lost": lost + (total - len(futures)), "rows": len(rows),

@@ -1,6 +1,7 @@
-"""The evaluation service: started, described and stopped by its command; a sweep and Python
-clients on it; a slot killed under load; a client that leaves. Each test runs against a real
-service (its own Ray head in its own process group), stopped by the fixture's finalizer."""
+"""The evaluation service: started, described and stopped by its command; a sweep, Python clients
+and HTTP (a real Ray Serve deployment on 127.0.0.1, a real client: urllib) on it; a slot killed
+under load; a client that leaves. Each test runs against a real service (its own Ray head in its
+own process group), stopped by the fixture's finalizer."""
 
 from __future__ import annotations
 
@@ -10,6 +11,9 @@ import subprocess
 import sys
 import threading
 import time
+import json
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import psutil
@@ -29,7 +33,7 @@ FAST = {"warmup": 0, "iterations": 2, "trials": 1}
 
 @pytest.fixture(scope="module")
 def service(tmp_path_factory):
-    svc = start_service(tmp_path_factory.mktemp("serve"))
+    svc = start_service(tmp_path_factory.mktemp("serve"), "service.http.max_body_bytes=200000", http=True)
     yield svc
     if ray.is_initialized():
         ray.shutdown()
@@ -103,9 +107,6 @@ def test_a_sweep_on_a_running_service_records_every_verdict_once_and_resumes(ser
     assert {int(w.rsplit(":", 1)[1]) for w in df["worker"]} <= slots, "the sweep started slots of its own"
     second = subprocess.run(cmd, env=service.env, cwd=tmp_path, capture_output=True, text=True, timeout=600)
     assert second.returncode == 0 and "21 already recorded, 0 evaluated" in second.stdout, second.stdout[-2000:]
-    off = subprocess.run([*cmd[:-1], "service=off", "cluster.num_gpus=1", "sweep.name=private"], env=service.env,
-                         cwd=tmp_path, capture_output=True, text=True, timeout=600)
-    assert off.returncode == 0 and "sweep runs on service" not in off.stderr, off.stderr[-3000:]
 
 
 @pytest.mark.slow
@@ -203,3 +204,68 @@ def test_a_client_that_disconnects_still_has_its_jobs_finished_and_recorded(serv
     assert _wait_rows(service.store, "leaver", 3) == 3
     rows = TraceStore(service.store).read(sweep="leaver", columns=["status"]).to_pylist()
     assert [r["status"] for r in rows] == ["PASSED"] * 3
+
+
+# -- HTTP -------------------------------------------------------------------------------------
+def _call(url: str, body: bytes | None = None, method: str = "POST") -> tuple[int, dict]:
+    req = urllib.request.Request(url, data=body, method=method, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=300) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+def _submitted(url: str) -> int:
+    code, status = _call(f"{url}/status", method="GET")
+    assert code == 200
+    return status["submitted"]
+
+
+@pytest.mark.slow
+def test_a_posted_solution_gets_json_verdicts_and_status_answers(service, dataset):
+    url = service.http_url
+    assert url.startswith("http://127.0.0.1:")
+    for name in ("rmsnorm_h4096_torch", "rmsnorm_h4096_torch_fp32_out"):
+        body = {"solution": dataset.solutions[name].to_json_dict(), "definition": "rmsnorm_h4096", "max_workloads": 2,
+                "settings": {"warmup": 0, "iterations": 2, "trials": 1}, "sweep": "web"}
+        code, answer = _call(f"{url}/evaluate", json.dumps(body).encode())
+        assert code == 200, answer
+        assert answer["solution"] == name and len(answer["verdicts"]) == 2
+        for v in answer["verdicts"]:
+            assert (v["status"], v["reason"]) == designed_verdict(name, "rmsnorm_h4096")
+            assert v["evaluation"]["status"] == v["status"]
+    code, status = _call(f"{url}/status", method="GET")
+    assert code == 200 and status["answered"] >= 4 and [s["phase"] for s in status["slots"]] == ["ready", "ready"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("body,code,field", [
+    (b"{not json", 400, "body"),
+    (b"[1, 2]", 422, "body"),
+    (json.dumps({"definition": "rmsnorm_h4096"}).encode(), 422, "solution"),
+    (b"x" * 300_000, 413, "body"),
+])
+def test_a_malformed_or_oversized_request_gets_a_4xx_naming_the_field(service, body, code, field):
+    url = service.http_url
+    before = _submitted(url)
+    got, answer = _call(f"{url}/evaluate", body)
+    assert (got, answer["field"]) == (code, field), answer
+    assert _submitted(url) == before  # nothing queued for it
+
+
+@pytest.mark.slow
+def test_an_invalid_field_gets_a_422_naming_it_and_queues_nothing(service, dataset):
+    url = service.http_url
+    good = {"solution": dataset.solutions["rmsnorm_h4096_torch"].to_json_dict(), "definition": "rmsnorm_h4096"}
+    before = _submitted(url)
+    for change, field in (({"definition": "no_such_definition"}, "definition"),
+                          ({"workloads": ["no-such-uuid"]}, "workloads[0]"),
+                          ({"settings": {"iterations": -1}}, "settings.iterations"),
+                          ({"solution": {**good["solution"], "spec": {**good["solution"]["spec"], "language": "cobol"}}},
+                           "solution.spec.language")):
+        code, answer = _call(f"{url}/evaluate", json.dumps({**good, **change}).encode())
+        assert code == 422 and answer["field"] == field, answer
+    assert _submitted(url) == before
+    code, answer = _call(f"{url}/nowhere", b"{}")
+    assert code == 404 and answer["field"] == "path"

@@ -99,5 +99,15 @@ def test_a_bad_service_key_is_one_error_naming_it():
 
 
 def test_sweeps_use_a_service_unless_it_is_off():
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    import fibray.sweep.__main__  # noqa: F401  (registers the fibray_root resolver)
+    from fibray.sweep.config import validate_config
+
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        on = compose(config_name="config", overrides=["service.name=mine"])
+        off = compose(config_name="config", overrides=["service=off"])
+    assert validate_config(OmegaConf.to_container(on, resolve=True)).service.name == "mine"
+    assert validate_config(OmegaConf.to_container(off, resolve=True)).service.name is None
     assert smoke_config("/tmp/x").service.name == "fibray"
-    assert smoke_config("/tmp/x", service__name=None).service.name is None

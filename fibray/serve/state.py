@@ -97,8 +97,8 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-HEAD_START_TRIES = 2
-"""Ray gives its raylet a fixed 30 s to register; on a loaded machine the first try can miss it."""
+HEAD_START_TRIES = 3
+"""Ray gives its raylet a fixed 30 s to register; on a loaded machine a try can miss it."""
 
 
 def start_head(num_gpus: int, num_cpus: Optional[int], log_path: Path) -> tuple[int, str, str]:
