@@ -20,7 +20,7 @@ from typing import Any, Optional, Sequence
 from fibray.client.request import resolve_jobs
 from fibray.dataset import Dataset, load_dataset
 from fibray.schema import Definition, EvalSettings, Evaluation, Job, JobResult, Solution, Workload
-from fibray.serve.state import ServiceError, find_coordinator
+from fibray.sweep.service import ServiceError, find_coordinator
 
 CALL_DEADLINE_S = 60.0
 """Deadline of one submission call to the coordinator."""

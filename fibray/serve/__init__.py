@@ -3,7 +3,8 @@ queues and dispatches what sweeps, Python clients and HTTP requests submit. See 
 
 from __future__ import annotations
 
-from fibray.serve.config import NAMESPACE, ServeConfig, validate_serve_config
-from fibray.serve.state import ServiceError, find_coordinator
+from fibray.serve.config import ServeConfig, validate_serve_config
+from fibray.sweep.service import NAMESPACE
+from fibray.sweep.service import ServiceError, find_coordinator
 
 __all__ = ["NAMESPACE", "ServeConfig", "ServiceError", "find_coordinator", "validate_serve_config"]

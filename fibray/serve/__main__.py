@@ -12,7 +12,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from fibray.serve.config import validate_serve_config
-from fibray.serve.state import ServiceError, auth_mode, read_state, use_auth
+from fibray.sweep.service import ServiceError, auth_mode, read_state, use_auth
 from fibray.store import StoreError
 from fibray.sweep.config import ConfigError
 

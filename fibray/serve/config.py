@@ -5,19 +5,13 @@ An unknown key or a bad value is one ConfigError naming the key (e.g. `service.m
 
 from __future__ import annotations
 
-import os
 import re
-from pathlib import Path
 from typing import Any, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from fibray.schema import EvalSettings
 from fibray.sweep.config import ClusterConfig, ConfigError, RunnerConfig, StoreConfig
-
-NAMESPACE = "fibray"
-"""The Ray namespace of the service's named, detached actors (its coordinator and slots)."""
-
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
@@ -83,11 +77,6 @@ class ServeConfig(_Strict):
     dataset: DatasetRef = Field(default_factory=DatasetRef)
     eval: EvalSettings = Field(default_factory=EvalSettings)
     service: ServiceSection = Field(default_factory=ServiceSection)
-
-
-def state_dir(configured: Optional[str] = None) -> Path:
-    """Where services started on this machine leave their state files."""
-    return Path(configured or os.environ.get("FIBRAY_STATE_DIR") or Path.home() / ".cache" / "fibray" / "serve")
 
 
 def validate_serve_config(raw: dict[str, Any]) -> ServeConfig:

@@ -21,7 +21,8 @@ from typing import Any, Optional
 import ray
 
 from fibray.schema import Job, JobResult
-from fibray.serve.config import NAMESPACE, ServeConfig
+from fibray.serve.config import ServeConfig
+from fibray.sweep.service import NAMESPACE
 from fibray.serve.scheduler import FairQueue, ServicePool
 from fibray.serve.writer import SweepWriter
 from fibray.store import StoreError

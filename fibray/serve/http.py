@@ -11,7 +11,8 @@ import asyncio
 import json
 from typing import Any, Optional
 
-from fibray.serve.config import NAMESPACE, ServeConfig
+from fibray.serve.config import ServeConfig
+from fibray.sweep.service import NAMESPACE
 
 
 class HttpFront:

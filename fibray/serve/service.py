@@ -12,9 +12,10 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
-from fibray.serve.config import NAMESPACE, ServeConfig, state_dir
-from fibray.serve.state import (ServiceError, ServiceState, auth_mode, find_coordinator, join, read_state,
-                                remove_state, start_head, stop_head, write_state)
+from fibray.serve.config import ServeConfig
+from fibray.serve.state import start_head, stop_head
+from fibray.sweep.service import (NAMESPACE, ServiceError, ServiceState, auth_mode, find_coordinator, join, read_state,
+                                  remove_state, state_dir, write_state)
 from fibray.sweep.config import ConfigError
 
 _CALL_DEADLINE_S = 120.0

@@ -344,7 +344,7 @@ def _service(cfg: SweepConfig):
     """The running service this sweep should use (cfg.service.name), or None: start private slots."""
     if not cfg.service.name:
         return None
-    from fibray.client.remote import attach_service  # the service is optional; most sweeps never load it
+    from fibray.sweep.service import attach_service  # the service is optional; most sweeps never load it
 
     return attach_service(cfg.service.name, cfg.cluster.address, cfg.service.state_dir, cfg.cluster.log_to_driver)
 
