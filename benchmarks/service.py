@@ -330,17 +330,16 @@ def _report(res: dict[str, dict], env: dict) -> None:
             print(f"start-up {name}: command to first evaluation {r['first_eval_s']:.1f}s = setup {r['setup_s']:.1f}s "
                   f"(interpreter+imports ~{imports:.1f}s, dataset, {'Ray start ~%.1fs' % ray_s if 'cold' in name else 'joining the service'}) "
                   f"+ slot start-up {r['start_s']:.1f}s + the first job")
-    base = res.get("flashinfer-bench")
-    names = [n for n in res if n != "flashinfer-bench"]
-    for a in names:
-        for b in ([base and "flashinfer-bench"] if base else []) + [n for n in names if n != a and n == "fibray cold"]:
-            if not b:
-                continue
-            c = compare(res[a]["rows"], res[b]["rows"])
-            ratio = res[b]["wall_s"] / res[a]["wall_s"]
-            print(f"{a} vs {b}: {ratio:.2f}x end to end (wall {res[a]['wall_s']:.1f}s vs {res[b]['wall_s']:.1f}s); "
-                  f"statuses {c['pairs'] - len(c['disagree'])}/{c['pairs']} agree")
-
+    pairs = [(a, "flashinfer-bench") for a in res if a.startswith("fibray") and "flashinfer-bench" in res]
+    if "fibray on service" in res and "fibray cold" in res:
+        pairs.append(("fibray on service", "fibray cold"))
+    for a, b in pairs:
+        c = compare(res[a]["rows"], res[b]["rows"])
+        print(f"{a} vs {b}: {res[b]['wall_s'] / res[a]['wall_s']:.2f}x end to end (wall {res[a]['wall_s']:.1f}s vs "
+              f"{res[b]['wall_s']:.1f}s); statuses {c['pairs'] - len(c['disagree'])}/{c['pairs']} (solution, workload) "
+              f"pairs agree")
+        for (sol, uuid), ours, theirs in c["disagree"][:10]:
+            print(f"  disagree: {sol} {uuid[:8]}: {a} {ours}, {b} {theirs}")
 
 if __name__ == "__main__":
     main()

@@ -236,7 +236,8 @@ def test_a_posted_solution_gets_json_verdicts_and_status_answers(service, datase
             assert (v["status"], v["reason"]) == designed_verdict(name, "rmsnorm_h4096")
             assert v["evaluation"]["status"] == v["status"]
     code, status = _call(f"{url}/status", method="GET")
-    assert code == 200 and status["answered"] >= 4 and [s["phase"] for s in status["slots"]] == ["ready", "ready"]
+    assert code == 200 and status["answered"] >= 4 and len(status["slots"]) == 2  # one may still be restarting
+    assert "ready" in {s["phase"] for s in status["slots"]} and status["queue_depth"] == 0
 
 
 @pytest.mark.slow

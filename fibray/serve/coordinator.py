@@ -204,6 +204,8 @@ class Coordinator:
                 if fresh:
                     if len(queued) >= room:
                         break
+                    if w is not None:
+                        job = job.salted(w.salt)
                     self.pending[key] = _Pending(job, client, w)
                     queued.append(job)
                     if w is not None:

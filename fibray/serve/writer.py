@@ -27,6 +27,8 @@ class SweepWriter:
         self._stack = ExitStack()
         self._stack.enter_context(self.store.lock(sweep))  # StoreError if another driver writes it
         self.ledger: set[str] = self.store.job_ids(sweep)
+        self.salt = self.store.sweep_salt(sweep)
+        """The sweep's secret input salt, as a sweep driver keeps it: clients' jobs get inputs no candidate can predict."""
         self.flush_rows, self.flush_interval_s = flush_rows, flush_interval_s
         self.buffer: list[dict] = []
         self.pending = 0

@@ -36,6 +36,10 @@ KEY_TABLE: tuple[tuple[tuple[str, ...], str], ...] = (
                                    "0600), so no candidate can know its inputs beforehand"),
     (("eval.flush_l2", "eval.sync_device", "eval.time_reference"), "timing: flush the L2 between calls, synchronise the "
                                                                    "device before the end mark, time the reference"),
+    (("eval.timing",), "`fixed` (default: `eval.iterations` timed calls per input set) or `adaptive` (stop once the "
+                       "mean's standard error is under 1% of it, at least 10 calls); part of a job's identity, and the "
+                       "row's `timing_mode` ends in `+adaptive` so it is never compared with fixed-count timing "
+                       "unawares"),
     (("eval.build_deadline_s", "eval.run_deadline_s"), "deadlines per job"),
     (("eval.log_limit",), "characters of a candidate's error text kept in its record"),
     (("runner.isolation",), "`auto` (persistent, escalate faults), `persistent`, `isolated`"),
