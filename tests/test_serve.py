@@ -5,6 +5,7 @@ own process group), stopped by the fixture's finalizer."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import subprocess
@@ -111,24 +112,29 @@ def test_a_sweep_on_a_running_service_records_every_verdict_once_and_resumes(ser
 
 @pytest.mark.slow
 def test_two_clients_get_futures_of_their_evaluations_at_once(service, dataset):
+    """One client waits on concurrent.futures, the other awaits asyncio futures, both at once."""
     a, b = _client(service, "client-a"), _client(service, "client-b")
     solutions = [s for s in dataset.solutions_for(DEFINITION)]
-    futures: dict[str, list] = {}
+    answers: dict[str, list] = {}
 
-    def submit(name: str, client: Client) -> None:
-        futures[name] = [f for sol in solutions for f in client.submit(sol, DEFINITION, settings=FAST)]
+    def with_futures() -> None:
+        fs = [f for sol in solutions for f in a.submit(sol, DEFINITION, settings=FAST)]
+        answers["a"] = [f.result(timeout=300) for f in fs]
 
-    threads = [threading.Thread(target=submit, args=(n, c)) for n, c in (("a", a), ("b", b))]
+    async def with_asyncio() -> list:
+        fs = [f for sol in solutions for f in await b.submit_async(sol, DEFINITION, settings=FAST)]
+        return list(await asyncio.wait_for(asyncio.gather(*fs), timeout=300))
+
+    threads = [threading.Thread(target=with_futures),
+               threading.Thread(target=lambda: answers.__setitem__("b", asyncio.run(with_asyncio())))]
     for t in threads:
         t.start()
     for t in threads:
-        t.join(120)
-    assert len(futures["a"]) == len(futures["b"]) == 3 * len(solutions)
-    for name, fs in futures.items():
-        for f, (sol, _) in zip(fs, [(s, w) for s in solutions for w in range(3)]):
-            ev = f.result(timeout=300)
-            assert isinstance(ev, Evaluation)
-            assert (ev.status.value, ev.reason) == designed_verdict(sol.name, DEFINITION), (name, sol.name, ev.log[-300:])
+        t.join(400)
+    expected = [designed_verdict(sol.name, DEFINITION) for sol in solutions for _ in range(3)]
+    for name in ("a", "b"):
+        assert all(isinstance(ev, Evaluation) for ev in answers[name])
+        assert [(ev.status.value, ev.reason) for ev in answers[name]] == expected, name
     a.close()
     for sweep in ("client-a", "client-b"):
         rows = TraceStore(service.store).read(sweep=sweep, columns=["job_id", "status"]).to_pylist()
