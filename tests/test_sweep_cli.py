@@ -59,7 +59,8 @@ def test_readme_configuration_table_is_the_key_table():
     readme = (REPO / "README.md").read_text()
     block = re.search(r"<!-- config-keys[^>]*-->\n(.*?)\n<!-- /config-keys -->", readme, re.S)
     assert block, "README lost its config-keys block"
-    assert block.group(1) == markdown_table(), "README's table drifted from fibray/sweep/keys.py"
+    assert block.group(1) == markdown_table(), ("README's table drifted: edit KEY_TABLE in fibray/sweep/keys.py and put "
+                                                "fibray.sweep.keys.markdown_table() between README's config-keys markers")
 
 
 class _Sweep:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import polars as pl
 
 from fibray.analysis.frame import PASSED
-from fibray.store.columns import TIMING_MODES
+from fibray.store.columns import describe_timing_mode
 
 
 def timing_modes(units: pl.LazyFrame) -> pl.DataFrame:
@@ -34,7 +34,7 @@ def cpu_timed(units: pl.LazyFrame) -> bool:
 
 def describe_timing(units: pl.LazyFrame) -> str:
     """'timing: wall clock on cpu-x86_64 (Triton interpreted)', one clause per (mode, hardware)."""
-    parts = [f"{TIMING_MODES.get(mode, mode)} on {hw}" + (" (Triton interpreted)" if interp else "")
+    parts = [f"{describe_timing_mode(mode)} on {hw}" + (" (Triton interpreted)" if interp else "")
              for mode, hw, _, interp in timing_modes(units).iter_rows()]
     return "timing: " + ("; ".join(parts) if parts else "nothing timed")
 

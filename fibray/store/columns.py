@@ -78,6 +78,12 @@ TIMING_MODES = {"wall_clock": "wall clock", "stream_events": "CUDA events on the
 """timing_mode column value -> what it means (summary and report say it in these words)."""
 
 
+def describe_timing_mode(mode: str) -> str:
+    """A timing_mode value in words: 'wall clock', 'CUDA events on the stream (adaptive)', ..."""
+    base, _, variant = mode.partition("+")
+    return TIMING_MODES.get(base, base) + (f" ({variant})" if variant else "")
+
+
 def environment_limited(evaluation: Evaluation, language: str) -> bool:
     """True when the verdict says what this machine cannot do, not what the candidate did.
 

@@ -14,7 +14,7 @@ from typing import Optional
 from fibray.schema import EvaluationStatus
 from fibray.schema.reasons import Reason
 from fibray.store import TraceStore
-from fibray.store.columns import TIMING_MODES
+from fibray.store.columns import describe_timing_mode
 
 _COLUMNS = ["definition", "solution", "author", "language", "status", "reason", "speedup", "latency_ms",
             "timing_mode", "hardware", "environment_limited", "dataset_name", "split"]
@@ -25,7 +25,7 @@ CPU_SPEEDUP_NOTE = ("speedups in parentheses were timed by wall clock on a CPU (
 
 def cpu_timed(row: dict) -> bool:
     """A row timed on a CPU (wall clock), whose speedup says nothing about a GPU kernel."""
-    return (row.get("hardware") or "").startswith("cpu") or row.get("timing_mode") == "wall_clock"
+    return (row.get("hardware") or "").startswith("cpu") or (row.get("timing_mode") or "").startswith("wall_clock")
 
 
 def _rows(store: TraceStore, sweep: str) -> list[dict]:
@@ -118,7 +118,7 @@ def timing_line(store: TraceStore, sweep: str) -> str:
     parts = []
     for (mode, hardware), languages in sorted(seen.items()):
         interpreted = " (Triton interpreted)" if hardware.startswith("cpu") and "triton" in languages else ""
-        parts.append(f"{TIMING_MODES.get(mode, mode)} on {hardware}{interpreted}")
+        parts.append(f"{describe_timing_mode(mode)} on {hardware}{interpreted}")
     return "timing: " + ("; ".join(parts) if parts else "nothing timed")
 
 
