@@ -86,7 +86,9 @@ def main(argv: Optional[list[str]] = None) -> int:
         print(help_text())
         return 0
     show_cfg = "--cfg" in args
-    args = [a for a in args if a != "--cfg"]
+    if show_cfg:  # Hydra's spelling `--cfg job` works too
+        i = args.index("--cfg")
+        del args[i:i + (2 if args[i + 1:i + 2] in (["job"], ["all"]) else 1)]
     problem = check_overrides(args)
     if problem:
         return _fail(problem)
