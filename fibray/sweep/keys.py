@@ -47,7 +47,7 @@ KEY_TABLE: tuple[tuple[tuple[str, ...], str], ...] = (
     (("runner.quarantine_after", "runner.max_attempts"), "faults before quarantine; re-runs of a job whose slot was lost"),
     (("runner.standby", "runner.spare_isolated"), "a warm standby executor per GPU; pre-warmed single-use executors"),
     (("runner.isolate_network", "runner.drop_privileges", "runner.memory_limit_gb", "runner.max_open_files",
-      "runner.max_processes", "runner.workdir"), "executor sandbox"),
+      "runner.max_processes", "runner.workdir", "runner.uid_range"), "executor sandbox"),
     (("service.name", "service.state_dir"), "run on the running `python -m fibray.serve` of this name when there is one "
                                             "(default `fibray`; `service=off`: always private slots); where local "
                                             "services leave their state files (`$FIBRAY_STATE_DIR`)"),
