@@ -60,6 +60,7 @@ def test_a_candidate_that_raises_is_a_runner_failure_not_a_clean_run(tmp_path: P
     assert run.outcome == "runner_failed" and "RuntimeError: boom" in run.tail
 
 
+@pytest.mark.slow
 def test_a_hung_candidate_is_killed_with_its_process_group_at_its_deadline(tmp_path: Path) -> None:
     pidfile = tmp_path / "pid"
     tmp_path.chmod(0o777)
