@@ -80,8 +80,9 @@ def reset_persisting_l2() -> bool:
     lib = _driver()
     if lib is None:
         return False
-    lib.cuCtxSetLimit(_CU_LIMIT_PERSISTING_L2_CACHE_SIZE, 0)
-    return lib.cuCtxResetPersistingL2Cache() == 0
+    if persisting_l2_bytes():  # changing the set-aside reconfigures the L2: only when it is not 0 already
+        lib.cuCtxSetLimit(_CU_LIMIT_PERSISTING_L2_CACHE_SIZE, 0)
+    return lib.cuCtxResetPersistingL2Cache() == 0  # lines a kernel marked persisting and left so
 
 
 def flush_bytes(device: torch.device) -> int:
