@@ -59,7 +59,7 @@ def _geomean(xs: list[float]) -> float | None:
 
 
 def _fmt(x: float | None) -> str:
-    return "-" if x is None else f"{x:.3f}x"
+    return "-" if x is None else f"{x:.3g}x"
 
 
 def main() -> int:

@@ -79,7 +79,7 @@ class EvolveReport:
 
     def text(self) -> str:
         head = ("definition", "rounds", "cands", "best", "round", "public", "hidden", "gap", "hidden_status", "stop")
-        fmt = lambda v: "-" if v is None else f"{v:.3f}x" if isinstance(v, float) else str(v)  # noqa: E731
+        fmt = lambda v: "-" if v is None else f"{v:.3g}x" if isinstance(v, float) else str(v)  # noqa: E731
         body = [(s.definition, str(s.rounds), str(s.candidates), s.best or "-", fmt(s.best_round), fmt(s.public_speedup),
                  fmt(s.hidden_speedup), "-" if s.gap is None else f"{100 * s.gap:+.1f}%", s.hidden_status or "-", s.stop)
                 for s in self.definitions.values()]
