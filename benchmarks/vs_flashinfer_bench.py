@@ -154,6 +154,10 @@ def run_flashinfer_bench(data: Path, work: Path, args: argparse.Namespace) -> di
     return res
 
 
+_SALT = os.urandom(32)
+"""One secret input salt for all of this invocation's fibray runs."""
+
+
 def run_fibray(data: Path, work: Path, args: argparse.Namespace, lanes: int, address: str | None = None) -> dict[str, Any]:
     from fibray.store import TraceStore
 
@@ -162,6 +166,8 @@ def run_fibray(data: Path, work: Path, args: argparse.Namespace, lanes: int, add
     cache = work / f"fibray-triton-cache-{tag}"
     for d in (store, cache):
         shutil.rmtree(d, ignore_errors=True)
+    # every fibray run of this comparison draws the same inputs (lanes=N against lanes=1: issue 15.3)
+    TraceStore(store).sweep_salt("vs_flashinfer_bench", adopt=_SALT)
     run = run_sweep_cli(
         [f"dataset.root={data}", "solutions.roots=[]", f"store.root={store}", "sweep.name=vs_flashinfer_bench",
          f"eval.warmup={args.warmup}", f"eval.iterations={args.iterations}", f"eval.trials={args.trials}",
