@@ -35,3 +35,21 @@ def test_no_memory_limit_in_the_runner_means_none_in_the_sandbox() -> None:
 def test_a_slot_spec_with_no_lanes_is_refused() -> None:
     with pytest.raises(ValueError, match="SlotSpec.lanes: must be at least 1, got 0"):
         SlotSpec("gpu0.1", lanes=0)
+
+
+@pytest.mark.parametrize(("cpus_per_gpu", "lanes"), [(1, 1), (2, 1), (3, 1), (4, 2), (7, 3), (8, 4), (16, 4), (128, 4)])
+def test_auto_lanes_are_half_the_hosts_cpus_per_gpu_from_1_to_4(cpus_per_gpu: int, lanes: int) -> None:
+    opts = PoolOptions.from_runner(RunnerConfig(), num_slots=1, torch_threads=cpus_per_gpu)  # lanes: auto by default
+    assert opts.slot_spec("gpu0.1").lanes == lanes
+
+
+def test_a_number_of_lanes_is_taken_as_given_whatever_the_host() -> None:
+    assert PoolOptions.from_runner(RunnerConfig(lanes=6), num_slots=1, torch_threads=2).lanes == 6
+
+
+def test_lanes_other_than_auto_or_1_to_16_are_refused() -> None:
+    from pydantic import ValidationError
+
+    for bad in (0, 17, "many"):
+        with pytest.raises(ValidationError):
+            RunnerConfig(lanes=bad)

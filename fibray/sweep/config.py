@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import difflib
 import re
-from typing import Any, Literal, Optional
+from typing import Annotated, Any, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
@@ -63,6 +63,18 @@ class ClusterConfig(_Strict):
     """Forward worker (candidate) stdout/stderr to the driver's console."""
 
 
+MAX_AUTO_LANES = 4
+"""`runner.lanes: auto` never gives more lanes than this: past it a GPU's timings, not its lanes' compiles, bound it."""
+
+
+def auto_lanes(lanes: int | str, cpus_per_gpu: int) -> int:
+    """The lanes of a slot: `lanes` when it is a number; for `auto`, one lane per two of the host's CPUs per
+    GPU (a lane's executor compiles while its supervisor thread judges), at least 1 and at most MAX_AUTO_LANES."""
+    if lanes != "auto":
+        return int(lanes)
+    return min(MAX_AUTO_LANES, max(1, cpus_per_gpu // 2))
+
+
 class RunnerConfig(_Strict):
     isolation: Literal["auto", "persistent", "isolated"] = "auto"
     """auto: persistent executors, a faulty job re-run in a fresh process; persistent: never escalate;
@@ -75,9 +87,10 @@ class RunnerConfig(_Strict):
     """Keep a warm standby executor per GPU that takes over at once."""
     spare_isolated: int = Field(default=1, ge=0)
     """Pre-warmed single-use executors per GPU for fresh-process isolation."""
-    lanes: int = Field(default=1, ge=1, le=16)
+    lanes: Union[Literal["auto"], Annotated[int, Field(ge=1, le=16)]] = "auto"
     """Jobs in flight per GPU, each on its own executor: their builds, trials and checks overlap on the
-    GPU; timing (the candidate's and the reference's) always has the GPU to itself."""
+    GPU; timing (the candidate's and the reference's) always has the GPU to itself. auto: `auto_lanes`
+    of the host's CPUs per GPU."""
     workdir: Optional[str] = None
     """Where slots create private executor directories; null: the system temp dir."""
     isolate_network: bool = True

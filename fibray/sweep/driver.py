@@ -372,7 +372,7 @@ def _run(cfg: SweepConfig, todo: list[Job], report: SweepReport, recorder: _Reco
                 for name, seconds in result.phases.items():
                     report.phases[name] = report.phases.get(name, 0.0) + seconds
 
-        report.slots, report.lanes, report.setup_s = slots, service.lanes if service else r.lanes, time.monotonic() - t0
+        report.slots, report.lanes, report.setup_s = slots, service.lanes if service else pool.opt.lanes, time.monotonic() - t0
         pool.run(todo, on_result)
         first = pool.first_dispatch if pool.first_dispatch is not None else time.monotonic()
         report.start_s, report.run_s = first - t0 - report.setup_s, time.monotonic() - first

@@ -43,7 +43,9 @@ KEY_TABLE: tuple[tuple[tuple[str, ...], str], ...] = (
     (("eval.build_deadline_s", "eval.run_deadline_s"), "deadlines per job"),
     (("eval.log_limit",), "characters of a candidate's error text kept in its record"),
     (("runner.isolation",), "`auto` (persistent, escalate faults), `persistent`, `isolated`"),
-    (("runner.lanes",), "jobs in flight per GPU (default 1); correctness work overlaps, timing stays exclusive"),
+    (("runner.lanes",), "jobs in flight per GPU (default `auto`: min(4, max(1, CPUs per GPU // 2)), so 1 on a "
+                        "2-core host and 4 on a 16-core one-GPU host); builds, trials and checks overlap, timing "
+                        "stays exclusive"),
     (("runner.quarantine_after", "runner.max_attempts"), "faults before quarantine; re-runs of a job whose slot was lost"),
     (("runner.standby", "runner.spare_isolated"), "a warm standby executor per GPU; pre-warmed single-use executors"),
     (("runner.isolate_network", "runner.drop_privileges", "runner.memory_limit_gb", "runner.max_open_files",

@@ -12,6 +12,7 @@ workload so a slot reuses its inputs and reference outputs.
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections import Counter, OrderedDict, deque
 from dataclasses import dataclass, field
@@ -24,7 +25,7 @@ from fibray import deadlines
 from fibray.schema.reasons import FAULT_REASONS, Reason
 from fibray.schema import Environment, Evaluation, EvaluationStatus, Job, JobResult
 from fibray.evaluate.phases import now_iso
-from fibray.sweep.config import RunnerConfig
+from fibray.sweep.config import RunnerConfig, auto_lanes
 from fibray.workers.actor import SlotActor
 from fibray.workers.spec import SandboxPolicy, SlotSpec
 
@@ -73,7 +74,8 @@ class PoolOptions:
             max_open_files=r.max_open_files, max_processes=r.max_processes, build_cache=build_cache)
         return cls(num_slots=num_slots, torch_threads=torch_threads, start_deadline_s=start_deadline_s,
                    isolation=r.isolation, quarantine_after=r.quarantine_after, max_attempts=r.max_attempts,
-                   standby=r.standby, spare_isolated=r.spare_isolated, lanes=r.lanes, workdir=workdir or r.workdir,
+                   standby=r.standby, spare_isolated=r.spare_isolated,
+                   lanes=auto_lanes(r.lanes, torch_threads or os.cpu_count() or 1), workdir=workdir or r.workdir,
                    sandbox=policy)
 
     def slot_spec(self, name: str) -> SlotSpec:
