@@ -1,14 +1,18 @@
 """Time a callable: CUDA events on a GPU, wall clock on a CPU.
 
 On a GPU every timed call is preceded by an L2 flush (a write of twice the device's L2)
-and uses its own pair of events on the current stream. Work a candidate hides on another
-stream would escape those events, so a second, shorter pass synchronises the whole device
-before each end mark; its fixed cost (measured once per process and device on an empty
-call, the same way) is subtracted, and if the device-wide figure is clearly longer, it is
-the one reported. Inputs rotate between calls so that caching by input cannot pay. Lines a
-kernel marked persisting (an access-policy window) would survive the flush: the context's
-persisting-L2 set-aside is put to 0 and its persisting lines reset before timing, and again
-before any call that finds the set-aside raised.
+and uses its own pair of events on the current stream. The calls are timed in chunks, each
+queued behind a GPU delay (a spin kernel) sized from the host's measured launch cost, so that
+every call of a chunk is in the queue before the GPU reaches it: the events take GPU time,
+not Python's launch (fibray.timing.ahead; a guard event checks it, Timing.queued counts it).
+Work a candidate hides on another stream would escape those events, so a second, shorter pass
+synchronises the whole device before each end mark (each call behind its own delay); its fixed
+cost (measured once per process and device on an empty call, the same way) is subtracted, and
+if the device-wide figure is clearly longer, it is the one reported (ahead.choose_mode, with a
+hysteresis band per callable). Inputs rotate between calls so that caching by input cannot
+pay. Lines a kernel marked persisting (an access-policy window) would survive the flush: the
+context's persisting-L2 set-aside is put to 0 and its persisting lines reset before timing,
+and again before any call that finds the set-aside raised.
 """
 
 from __future__ import annotations
@@ -22,12 +26,18 @@ from typing import Any, Callable, Sequence
 
 import torch
 
+from fibray.timing.ahead import QueuePlan, choose_mode, sleep_us
+from fibray.timing.ahead import previous_mode as _previous_mode
+from fibray.timing.ahead import remember_mode as _remember_mode
+
 # Captured at import, before candidate code can replace them in this process.
 _perf_counter_ns = time.perf_counter_ns
 _Event = torch.cuda.Event
 _record = torch.cuda.Event.record
 _elapsed = torch.cuda.Event.elapsed_time
 _synchronize = torch.cuda.synchronize
+_gpu_sleep = torch.cuda._sleep
+_query = torch.cuda.Event.query
 
 ADAPTIVE_MIN_CALLS = 10
 """Adaptive timing (eval.timing=adaptive) makes at least this many timed calls..."""
@@ -37,6 +47,11 @@ fixed count is reached), as GPU MODE's harness does."""
 _FLUSH_MIN_BYTES = 32 << 20
 _flush_buffers: dict[int, torch.Tensor] = {}
 _sync_overheads: dict[tuple[int, bool], float] = {}
+_spin_rates: dict[int, float] = {}
+DEFAULT_HOST_US = 50.0
+"""The host's launch cost per call (us) assumed where no warm-up measured it."""
+TIMED_CALL_EXTRA_US = 15.0
+"""What a timed call launches beyond the call (flush, two events, input changes), us on the host."""
 _event_pools = threading.local()
 
 
@@ -47,6 +62,8 @@ class Timing:
     samples_ms: list[float]
     mode: str  # wall_clock | stream_events | device_sync
     sync_overhead_ms: float = 0.0
+    queued: int = -1
+    """Stream-timed calls verified queued before the GPU reached them (-1: not a GPU timing)."""
 
 
 _CU_LIMIT_PERSISTING_L2_CACHE_SIZE = 0x06
@@ -98,13 +115,13 @@ def _flush_buffer(device: torch.device) -> torch.Tensor:
     return buf
 
 
-def _sync_overhead(device: torch.device, arg_sets, flush) -> float:
+def _sync_overhead(device: torch.device, arg_sets, flush, rate: float) -> float:
     """The fixed cost a device-wide synchronise adds to a timed call (an empty call, timed like
     the device-wide pass): a property of the process and device, measured once."""
     key = (device.index if device.index is not None else torch.cuda.current_device(), flush is not None)
     if key not in _sync_overheads:
-        _event_pass(_noop, arg_sets, 5, flush, True, None)  # warm
-        _sync_overheads[key] = statistics.median(_event_pass(_noop, arg_sets, 50, flush, True, None))
+        _device_pass(_noop, arg_sets, 5, flush, None, TIMED_CALL_EXTRA_US, rate)  # warm
+        _sync_overheads[key] = statistics.median(_device_pass(_noop, arg_sets, 50, flush, None, TIMED_CALL_EXTRA_US, rate))
     return _sync_overheads[key]
 
 
@@ -179,54 +196,127 @@ def _events(total: int) -> tuple[list, list]:
     return starts, ends
 
 
-def _event_pass(fn, arg_sets, total, flush, device_sync, before_each, first: int = 0,
-                adaptive: bool = False) -> list[float]:
+def _cycles_per_us(device: torch.device) -> float:
+    """The spin kernel's clock (cycles per microsecond), measured once per device with events
+    (CUDA 13 dropped the clock rate from the device properties; the boost clock is what spins)."""
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    if idx not in _spin_rates:
+        a, b = _Event(enable_timing=True), _Event(enable_timing=True)
+        _gpu_sleep(1000)  # loads the kernel
+        cycles = 2_000_000
+        _record(a)
+        _gpu_sleep(cycles)
+        _record(b)
+        _synchronize()
+        _spin_rates[idx] = max(cycles / max(_elapsed(a, b) * 1e3, 1.0), 100.0)
+    return _spin_rates[idx]
+
+
+def _delay(us: float, rate: float) -> None:
+    if us > 0:
+        _gpu_sleep(int(us * rate))
+
+
+def _stream_pass(fn, arg_sets, total, flush, before_each, host_us: float, rate: float,
+                 adaptive: bool = False) -> tuple[list[float], int, float]:
+    """Stream-timed calls in chunks, each queued behind its own GPU delay (QueuePlan), so that the
+    events take GPU time only. Returns the latencies, how many calls were verified queued before
+    the GPU reached them, and the host's launch cost per call (us) at the end."""
     n = len(arg_sets)
     starts, ends = _events(total)
-    made, seen = total, []
+    guards = _guard_events()
+    plan = QueuePlan(total, host_us)
+    seen: list[float] = []
+    done = 0
+    while (step := plan.next_chunk()) is not None:
+        calls, delay_us = step
+        _delay(delay_us, rate)
+        _record(guards[0])
+        t0 = _perf_counter_ns()
+        for i in range(done, done + calls):
+            if before_each is not None:
+                before_each(i)
+            if flush is not None and persisting_l2_bytes():  # the last call raised it: idle, then reset
+                _synchronize()
+                reset_persisting_l2()
+            if flush is not None:
+                flush.zero_()
+            _record(starts[i])
+            fn(*arg_sets[i % n])
+            _record(ends[i])
+        host_s = (_perf_counter_ns() - t0) / 1e9
+        plan.observe(calls, host_s, ahead=delay_us > 0 and not _query(guards[0]))
+        if adaptive:  # reads each chunk's times before deciding on the next
+            _synchronize()
+            seen.extend(_elapsed(starts[i], ends[i]) for i in range(done, done + calls))
+            if _settled(seen):
+                plan.stop()
+        done += calls
+    _synchronize()
+    return [_elapsed(starts[i], ends[i]) for i in range(done)], plan.queued, plan.host_us if plan.delays else 0.0
+
+
+def _device_pass(fn, arg_sets, total, flush, before_each, host_us: float, rate: float,
+                 first: int = 0) -> list[float]:
+    """Calls whose end mark follows a synchronise of the whole device (work on any stream is
+    inside the window), each queued behind a GPU delay so that its launch is not."""
+    n = len(arg_sets)
+    starts, ends = _events(total)
+    delay_us = sleep_us(host_us, 1)
     for i in range(total):
+        _delay(delay_us, rate)
         if before_each is not None:
             before_each(first + i)
-        if flush is not None and persisting_l2_bytes():  # the last call raised it: idle, then reset
+        if flush is not None and persisting_l2_bytes():
             _synchronize()
             reset_persisting_l2()
         if flush is not None:
             flush.zero_()
         _record(starts[i])
         fn(*arg_sets[(first + i) % n])
-        if device_sync:
-            _synchronize()
+        _synchronize()
         _record(ends[i])
-        if device_sync or adaptive:  # adaptive reads each call's time before deciding on the next
-            _synchronize()
-        if adaptive:
-            seen.append(_elapsed(starts[i], ends[i]))
-            if _settled(seen):
-                made = i + 1
-                break
-    _synchronize()
-    return [_elapsed(starts[i], ends[i]) for i in range(made)]
+        _synchronize()
+    return [_elapsed(starts[i], ends[i]) for i in range(total)]
+
+
+def _guard_events() -> list:
+    pool = getattr(_event_pools, "guards", None)
+    if pool is None:
+        pool = _event_pools.guards = [_Event()]
+    return pool
 
 
 def _noop(*_: Any) -> None:
     return None
 
 
-def _time_cuda(fn, arg_sets, warmup, total, device, flush_l2, sync_device, before_each, adaptive=False) -> Timing:
+def _host_us(fn, arg_sets, warmup: int) -> float:
+    """Warm-up calls, timed on the host: the median launch cost of one (the first excluded: it
+    compiles), plus what a timed call adds (flush, events, input changes); a default without."""
     n = len(arg_sets)
+    costs = []
+    for i in range(warmup):
+        t0 = _perf_counter_ns()
+        fn(*arg_sets[i % n])
+        costs.append((_perf_counter_ns() - t0) / 1e3)
+    return (statistics.median(costs[1:]) if len(costs) > 1 else DEFAULT_HOST_US) + TIMED_CALL_EXTRA_US
+
+
+def _time_cuda(fn, arg_sets, warmup, total, device, flush_l2, sync_device, before_each, adaptive=False) -> Timing:
     with torch.cuda.device(device):
-        for i in range(warmup):
-            fn(*arg_sets[i % n])
+        host_us = _host_us(fn, arg_sets, warmup)
         _synchronize()
+        rate = _cycles_per_us(device)
         flush = _flush_buffer(device) if flush_l2 else None
         if flush is not None:
             reset_persisting_l2()
-        stream = _event_pass(fn, arg_sets, total, flush, False, before_each, adaptive=adaptive)
+        stream, queued, host_us = _stream_pass(fn, arg_sets, total, flush, before_each, host_us, rate, adaptive)
         if not sync_device:
-            return Timing(stream, "stream_events")
-        overhead = _sync_overhead(device, arg_sets, flush)
-        device_wide = [max(s - overhead, 0.0)
-                       for s in _event_pass(fn, arg_sets, device_wide_calls(len(stream)), flush, True, before_each, first=total)]
-        if statistics.median(device_wide) > 1.25 * statistics.median(stream) + 0.005:
-            return Timing(device_wide, "device_sync", overhead)  # work escaped the current stream
-        return Timing(stream, "stream_events", overhead)
+            return Timing(stream, "stream_events", queued=queued)
+        overhead = _sync_overhead(device, arg_sets, flush, rate)
+        device_wide = [max(s - overhead, 0.0) for s in _device_pass(
+            fn, arg_sets, device_wide_calls(len(stream)), flush, before_each, host_us, rate, first=total)]
+        mode = choose_mode(statistics.median(stream), statistics.median(device_wide), _previous_mode(fn))
+        _remember_mode(fn, mode)
+        return Timing(device_wide if mode == "device_sync" else stream, mode, overhead, queued=queued)
