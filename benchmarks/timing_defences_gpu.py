@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import sys
 import tempfile
+import traceback
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -48,11 +49,11 @@ def persisting_l2() -> None:
     out = torch.empty((), device="cuda", dtype=torch.float32)
 
     def plain(t):
-        torch.sum(t, dtype=torch.float32, out=out)
+        torch.sum(t, 0, dtype=torch.float32, out=out)  # torch 2.11: out= needs the dim overload
 
     def windowed(t):
         ns["_persist"](t)
-        torch.sum(t, dtype=torch.float32, out=out)
+        torch.sum(t, 0, dtype=torch.float32, out=out)
 
     def median(fn) -> float:
         t = timer.time_calls(fn, [[x]], warmup=5, iterations=200, device=torch.device("cuda"), sync_device=False)
@@ -172,9 +173,12 @@ def main() -> int:
     if not torch.cuda.is_available():
         print("timing_defences_gpu.py needs a GPU")
         return 2
-    persisting_l2()
-    roofline_and_candidates()
-    supervisor_bound()
+    for section in (persisting_l2, roofline_and_candidates, supervisor_bound):
+        try:
+            section()
+        except Exception as e:  # one broken section is reported; the others still run
+            traceback.print_exc()
+            check(False, f"{section.__name__} raised {type(e).__name__}: {str(e)[:200]}")
     print("FAILED: " + "; ".join(failures) if failures else "all timing defences held")
     return 1 if failures else 0
 
