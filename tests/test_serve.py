@@ -68,7 +68,9 @@ def _wait_rows(store: Path, sweep: str, n: int, deadline_s: float = 120) -> int:
 
 @pytest.mark.slow
 def test_a_service_starts_reports_its_status_and_stops_leaving_nothing_running(tmp_path):
-    svc = start_service(tmp_path, "cluster.num_gpus=1")
+    """With a head that checks a token: the commands that join it learn the auth mode from its state file."""
+    svc = start_service(tmp_path, "cluster.num_gpus=1", token=True)
+    assert svc.state()["auth_mode"] == "token" and "RAY_AUTH_MODE" not in svc.env
     try:
         head = svc.state()["head_pid"]
         status = svc.cli("--status")
@@ -76,7 +78,12 @@ def test_a_service_starts_reports_its_status_and_stops_leaving_nothing_running(t
         out = status.stdout
         assert "slots: 1/1 ready" in out and "queue: 0 waiting" in out and "quarantined: none" in out, out
         assert "throughput" in out and "up " in out
-        again = svc.cli(*svc.overrides)
+        store = tmp_path / "sweep-store"
+        sweep = subprocess.run([sys.executable, "-m", "fibray.sweep", "+experiment=smoke", f"dataset.definitions=[{DEFINITION}]",
+                                f"solutions.names=[{DEFINITION}_torch]", f"store.root={store}", f"service.name={svc.name}"],
+                               env=svc.env, cwd=tmp_path, capture_output=True, text=True, timeout=600)
+        assert sweep.returncode == 0 and "3 evaluated" in sweep.stdout, sweep.stderr[-3000:]
+        again = svc.cli(*svc.overrides, env=svc.start_env)
         assert again.returncode == 2 and "already running" in again.stderr, again.stderr[-2000:]
         stop = svc.cli("--stop")
         assert stop.returncode == 0 and "stopped" in stop.stdout, stop.stderr[-2000:]

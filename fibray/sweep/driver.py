@@ -308,6 +308,10 @@ def run_sweep(cfg: SweepConfig) -> SweepReport:
     t0 = time.monotonic()
     ds = load_sweep_dataset(cfg)
     jobs = make_jobs(ds, cfg)
+    if cfg.service.name:  # before anything imports Ray, which reads its auth mode once
+        from fibray.sweep.service import prepare_auth
+
+        prepare_auth(cfg.service.name, cfg.cluster.address, cfg.service.state_dir)
     store = TraceStore(cfg.store.root)
     with store.lock(cfg.sweep.name):
         check_one_dataset(store, cfg, ds)

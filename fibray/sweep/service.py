@@ -114,6 +114,16 @@ def use_auth(auth: Optional[str]) -> None:
                            f"{current}; start it with RAY_AUTH_MODE={auth} in its environment")
 
 
+def prepare_auth(name: str, address: Optional[str], directory: Optional[str]) -> None:
+    """If this process will join service `name`'s local cluster, set the auth mode it needs now,
+    before Ray is imported (a no-op when Ray is imported already or no such service runs here)."""
+    if "ray" in sys.modules or address or os.environ.get("RAY_ADDRESS"):
+        return
+    state = read_state(name, directory)
+    if state is not None and state.head_alive():
+        use_auth(state.auth_mode)
+
+
 def join(address: str, auth: Optional[str] = None, log_to_driver: bool = False) -> None:
     """Connect this process to the service's cluster (unless it is connected already)."""
     use_auth(auth)
