@@ -35,6 +35,8 @@ CPU_GROUPS = [(REPO / "datasets" / "core", REPO / "solutions", ["rmsnorm_h4096",
 """The interpreter pays per program and loop step: the untuned GEMM on datasets/llm's N=K=2048 takes
 minutes per call there, so the CPU run uses the bundled N=128 GEMM."""
 GOAL_ROUNDS, GOAL_GAP = 40, 0.10
+RAY_START_TRIES = 3
+"""A local Ray that times out starting (a loaded machine) is tried again; the loop resumes its run."""
 
 
 def _gpus() -> int:
@@ -71,6 +73,7 @@ def main() -> int:
     p.add_argument("--workloads", type=int, default=8, help="workloads per definition (public + hidden)")
     p.add_argument("--cpu", action="store_true", help="small settings on the cpu_small set (also chosen without a GPU)")
     p.add_argument("--seed", type=int, default=0, help="seed of the search")
+    p.add_argument("--stamp", default=None, help="resume the runs of an earlier invocation (its printed stamp)")
     a = p.parse_args()
     gpus = _gpus()
     cpu = a.cpu or gpus == 0
@@ -81,8 +84,8 @@ def main() -> int:
         _ensure_gpu_workloads([d for root, _, defs in groups if root == LLM for d in defs])
     evals = (["eval.warmup=0", "eval.iterations=2", "eval.trials=1"] if cpu
              else ["eval.warmup=10", "eval.iterations=50", "eval.trials=3"])
-    stamp = time.strftime("%Y%m%dT%H%M%S")
-    print(f"{time.strftime('%Y-%m-%d %H:%M:%S')} {'CPU (interpreted Triton)' if cpu else f'{gpus} GPU(s)'}: "
+    stamp = a.stamp or time.strftime("%Y%m%dT%H%M%S")
+    print(f"{time.strftime('%Y-%m-%d %H:%M:%S')} stamp {stamp}, {'CPU (interpreted Triton)' if cpu else f'{gpus} GPU(s)'}: "
           f"{rounds} rounds x {cands} candidates on {[d for _, _, defs in groups for d in defs]} ({wset})", flush=True)
     from fibray.store import TraceStore
 
@@ -100,7 +103,11 @@ def main() -> int:
         cmd = [sys.executable, "-m", "fibray.evolve", "+experiment=evolve_search", *common, f"evolve.run_id={run_id}",
                f"evolve.budget.max_rounds={rounds}", f"evolve.budget.candidates={cands}", f"evolve.generator.seed={a.seed}"]
         t0 = time.monotonic()
-        proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
+        for _ in range(RAY_START_TRIES):  # a rerun of the same run_id resumes where it stopped
+            proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
+            if proc.returncode == 0 or "did not start" not in proc.stderr:
+                break
+            print("Ray did not start (an overloaded machine?); trying again", flush=True)
         loop_s += time.monotonic() - t0
         log = a.store.with_name(a.store.name + f".{run_id}.log")
         log.parent.mkdir(parents=True, exist_ok=True)
@@ -111,10 +118,21 @@ def main() -> int:
         gap = re.search(r"(?ms)^definition .*", proc.stdout)
         gaps.append(gap.group(0) if gap else "")
         hand = [f"{d}_triton" for d in defs]
-        sweep = run_sweep_cli([*common, f"solutions.roots=[{sols or ''}]", f"solutions.names=[{','.join(hand)}]",
-                               f"sweep.name={run_id}_hand"], log=a.store.with_name(a.store.name + f".{run_id}_hand.log"))
+        for attempt in range(RAY_START_TRIES):
+            try:
+                sweep = run_sweep_cli([*common, f"solutions.roots=[{sols or ''}]", f"solutions.names=[{','.join(hand)}]",
+                                       f"sweep.name={run_id}_hand"], log=a.store.with_name(a.store.name + f".{run_id}_hand.log"))
+                break
+            except SystemExit as e:
+                if "did not start" not in str(e) or attempt == RAY_START_TRIES - 1:
+                    raise
+                print("Ray did not start (an overloaded machine?); trying again", flush=True)
         hand_summaries.append(sweep.summary)
-        loop_rows += store.read(sweep=run_id, columns=cols).to_pylist()
+        rows = store.read(sweep=run_id, columns=cols).to_pylist()
+        if rows:  # a resumed run: its evaluations span more than this invocation's wall time
+            span = (max(r["finished_at"] for r in rows) - min(r["started_at"] for r in rows)).total_seconds()
+            loop_s += max(0.0, span - (time.monotonic() - t0))
+        loop_rows += rows
         hand_rows += store.read(sweep=f"{run_id}_hand", columns=cols).to_pylist()
         splits.update(json.loads((a.store / "_evolve" / run_id / "run.json").read_text())["split"])
     n_loop_rounds = 0
