@@ -3,6 +3,9 @@
     python benchmarks/vs_flashinfer_bench.py [--dataset datasets/core --workload-set gpu
         --solutions solutions] [--warmup 10 --iterations 50 --trials 3] [--work DIR]
         [--workloads-per-definition N] [--fibray-override runner.lanes=2 ...]
+    python benchmarks/vs_flashinfer_bench.py --only fibray --lanes 1 4 --workloads-per-definition 40
+        (lanes equivalence: statuses identical and median latency ratio lanes=4 / lanes=1 within 2%
+        over >= 300 PASSED pairs; printed as `lanes equivalence: OK`)
 
 Both tools get one FlashInfer Trace folder, written here from a fibray dataset (definitions,
 the workloads of one set, solutions): flashinfer-bench through `TraceSet.from_path` and its
@@ -158,6 +161,12 @@ _SALT = os.urandom(32)
 """One secret input salt for all of this invocation's fibray runs."""
 
 
+LANES_MIN_PAIRS = 300
+"""(solution, workload) pairs PASSED under both lane settings that the lanes-equivalence check needs."""
+LANES_TOLERANCE = 0.02
+"""How far the median latency ratio lanes=N / lanes=1 may be from 1."""
+
+
 def run_fibray(data: Path, work: Path, args: argparse.Namespace, lanes: int, address: str | None = None) -> dict[str, Any]:
     from fibray.store import TraceStore
 
@@ -291,8 +300,13 @@ def main(argv: list[str] | None = None) -> None:
     for name in runs[1:]:  # lanes must not change what is measured
         c = compare(res[name]["rows"], res[runs[0]]["rows"])
         r = c["latency_ratios"]
+        med = statistics.median(r) if r else float("nan")
         print(f"{name} vs {runs[0]}: statuses {c['pairs'] - len(c['disagree'])}/{c['pairs']} agree; latency ratio "
-              f"median {statistics.median(r) if r else float('nan'):.3f} over {len(r)} pairs")
+              f"median {med:.3f} over {len(r)} pairs")
+        ok = not c["disagree"] and len(r) >= LANES_MIN_PAIRS and abs(med - 1) <= LANES_TOLERANCE
+        print(f"lanes equivalence (issue 15.3: statuses identical, median latency ratio within "
+              f"{LANES_TOLERANCE:.0%} over >= {LANES_MIN_PAIRS} PASSED pairs): {'OK' if ok else 'NOT MET'}"
+              + ("" if len(r) >= LANES_MIN_PAIRS else f" (only {len(r)} pairs: use --workloads-per-definition 40)"))
     if "flashinfer-bench" in res:
         f = res["flashinfer-bench"]
         print(f"flashinfer-bench: import+load {f['load_s']:.1f}s, Benchmark.run_all {f['run_s']:.1f}s")

@@ -34,6 +34,9 @@ RETIRE_EXIT_S = 5.0
 """An executor asked to exit, before its process tree is killed."""
 OUTPUT_DRAIN_S = 1.0
 """The thread reading a retired executor's output, to read its last bytes into the log tail."""
+QUIESCE_ACK_S = 0.25
+"""Entering a timed window, how long the other executors get to synchronise their device work and
+ack before they are stopped anyway (fibray.workers.quiesce): the window never waits longer."""
 PARENT_WATCH_S = 1.0
 """How often an executor checks that its supervisor is alive (it ends soon after it is not)."""
 

@@ -24,8 +24,8 @@ from test_slot import _jobs
 class _Recorder(GpuLock):
     """The slot's GPU lock, logging who held it in which mode from when to when."""
 
-    def __init__(self) -> None:
-        super().__init__()
+    def __init__(self, alone=None) -> None:
+        super().__init__(alone=alone)
         self.log: list[tuple[bool, float, float]] = []
         self._since: dict[int, float] = {}
 
@@ -95,7 +95,7 @@ def run(hidden_states, weight, output):
 @pytest.fixture(scope="module")
 def lanes_slot():
     s = GpuSlot(SlotSpec("lanes", workdir=str(reachable_tmpdir("fibray-lanes-")), standby=True, spare_isolated=1, lanes=2))
-    s.gpu = _Recorder()
+    s.gpu = _Recorder(s._alone)
     s.info()
     yield s
     s.shutdown()
@@ -129,8 +129,7 @@ def test_two_lanes_overlap_correctness_work_but_never_timing(lanes_slot):
         for ta, tb in timed:
             if (a, b) != (ta, tb):
                 assert b <= ta or a >= tb
-    shared = sorted((a, b) for exclusive, a, b in log if not exclusive)
-    assert any(b1 > a2 for (a1, b1), (a2, b2) in zip(shared, shared[1:])), "no correctness work overlapped"
+    assert any(w.stopped >= 1 for w in slot.quiet.windows), "no timed window stopped the other lane's executor"
     assert slot.counters["retired"] == 0
 
 
@@ -256,3 +255,152 @@ def test_every_offender_gets_its_verdict_with_two_lanes(tmp_path, local_ray):
             assert reason in FAULT_REASONS and row["status"] == status, name
             continue
         assert (row["status"], row["reason"]) == (status, reason), f"{name}: {row['log'][-500:]}"
+
+
+_TICKER = '''import os
+import time
+
+import torch
+
+
+def run(hidden_states, weight, output):
+    x = hidden_states.float()
+    output.copy_((x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5) * weight.float()).to(output.dtype))
+    end = time.time() + 0.25
+    with open(TICKS, "a") as f:  # CPU work of this lane (as a JIT compile is), stamped as it goes
+        while time.time() < end:
+            f.write(f"{os.getpid()} {time.time()}\\n")
+            f.flush()
+            time.sleep(0.0005)
+'''
+
+_STOPS_ITSELF = '''import os
+import signal
+
+import torch
+
+
+def run(hidden_states, weight, output):
+    x = hidden_states.float()
+    output.copy_((x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5) * weight.float()).to(output.dtype))
+    os.kill(os.getpid(), signal.SIGSTOP)  # a hung neighbour: its executor can ack nothing
+'''
+
+
+def _ticks_inside_windows(slot, ticker_job, honest_jobs, tmp) -> tuple[int, int, list]:
+    """Run a ticking candidate beside honest jobs; (ticks, ticks inside windows that stopped the ticker, results)."""
+    ticks = tmp / "ticks"
+    ticks.touch()
+    ticks.chmod(0o666)
+    tmp.chmod(0o777)
+    source = _TICKER.replace("TICKS", repr(str(ticks)))
+    first = len(slot.quiet.windows)
+    jobs = [ticker_job.model_copy(update={"solution": _solution("ticker", source)}), *honest_jobs]
+    results = _concurrently(slot, jobs)
+    stamps = [line.split() for line in ticks.read_text().splitlines() if line.strip()]
+    pid = int(stamps[0][0])
+    times = [float(t) for _, t in stamps]
+    windows = [w for w in list(slot.quiet.windows)[first:] if w.kept != pid]
+    inside = sum(1 for t in times for w in windows if w.start < t < w.end)
+    return len(times), inside, list(results.values())
+
+
+def _lane_jobs(n: int, tag: str) -> list:
+    base = _jobs()
+    return [base[i % len(base)].model_copy(update={
+        "job_id": f"{tag}-{i}", "settings": base[0].settings.model_copy(update={"iterations": 20, "warmup": 2})})
+        for i in range(n)]
+
+
+@pytest.mark.slow
+def test_no_other_lanes_candidate_makes_progress_inside_a_timed_window(lanes_slot):
+    tmp = reachable_tmpdir("fibray-ticks-")
+    try:
+        ticker, *honest = _lane_jobs(5, "stop")
+        n, inside, results = _ticks_inside_windows(lanes_slot, ticker, honest, tmp)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    assert all(r.evaluation.status.value == "PASSED" for r in results), [r.evaluation.log[-300:] for r in results]
+    assert n > 100  # the ticker did run (and overlapped the honest jobs' unlocked work)
+    assert inside == 0
+
+
+@pytest.mark.slow
+def test_without_stopping_another_lanes_candidate_runs_inside_a_timed_window(lanes_slot):
+    """The control of the test above: the lanes' candidate work takes no lock, so only the stop keeps it out."""
+    tmp = reachable_tmpdir("fibray-ticks-")
+    lanes_slot.quiet.enabled = False
+    try:
+        ticker, *honest = _lane_jobs(5, "nostop")
+        n, inside, _ = _ticks_inside_windows(lanes_slot, ticker, honest, tmp)
+    finally:
+        lanes_slot.quiet.enabled = True
+        shutil.rmtree(tmp, ignore_errors=True)
+    assert n > 100 and inside > 0
+
+
+@pytest.mark.slow
+def test_a_hung_neighbour_never_holds_up_a_timed_window(lanes_slot):
+    from fibray import deadlines
+
+    slot = lanes_slot
+    first = len(slot.quiet.windows)
+    hung, *honest = _lane_jobs(4, "hung")
+    hung = hung.model_copy(update={"solution": _solution("stops_itself", _STOPS_ITSELF),
+                                   "settings": hung.settings.model_copy(update={"run_deadline_s": 20.0})})
+    t0 = time.monotonic()
+    results = _concurrently(slot, [hung, *honest])
+    assert all(results[j.job_id].evaluation.status.value == "PASSED" for j in honest)
+    windows = list(slot.quiet.windows)[first:]
+    assert any(w.unacked >= 1 for w in windows)  # stopped without its ack ...
+    assert max(w.ack_wait_s for w in windows) < deadlines.QUIESCE_ACK_S + 0.5  # ... after the short deadline only
+    assert time.monotonic() - t0 < 120
+
+
+def _reply_while_stopped(slot, quiet, stop_s: float, deadline_s: float):
+    """Ask an idle executor for its health while a window stops it for `stop_s`; wait `deadline_s`
+    for the answer, crediting stopped time when `quiet` is given. (reply or the exception, seconds)."""
+    from fibray.workers.process.channel import Request, recv, send
+    from fibray.workers.slot import answer
+
+    with slot._free:
+        ex = slot.idle.pop(0)
+    stopped, done = threading.Event(), threading.Event()
+
+    def window() -> None:
+        with slot.quiet.window("test", [ex], keep=None):
+            stopped.set()
+            done.wait(stop_s)
+
+    t = threading.Thread(target=window)
+    t.start()
+    stopped.wait(5)
+    t0 = time.monotonic()
+    try:
+        send(ex.conn, Request("health"))
+        try:
+            out = answer(ex, t0 + deadline_s, quiet)
+        except Exception as e:  # noqa: BLE001 - returned to the test
+            out = e
+        elapsed = time.monotonic() - t0
+    finally:
+        t.join(stop_s + 5)
+        if not hasattr(out, "ok"):
+            recv(ex.conn, time.monotonic() + 30, ex.arena)  # the late answer, off the channel
+        slot._give_back(ex)
+    return out, elapsed
+
+
+@pytest.mark.slow
+def test_time_an_executor_is_stopped_is_not_counted_against_its_deadline(lanes_slot):
+    reply, elapsed = _reply_while_stopped(lanes_slot, lanes_slot.quiet, stop_s=1.5, deadline_s=0.5)
+    assert getattr(reply, "ok", False), reply
+    assert elapsed >= 1.4  # it came after the stop, past the 0.5 s the executor's own work had
+
+
+@pytest.mark.slow
+def test_without_the_stopped_time_credit_a_stopped_executor_misses_its_deadline(lanes_slot):
+    from fibray.workers.process.channel import DeadlineExceeded
+
+    reply, _ = _reply_while_stopped(lanes_slot, None, stop_s=1.5, deadline_s=0.5)
+    assert isinstance(reply, DeadlineExceeded)

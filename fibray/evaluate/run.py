@@ -228,11 +228,14 @@ def run_job(job: Job, judge: Judge, calls, phases: Optional[Phases] = None, gpu=
     """The evaluation protocol, against any candidate side with build/trial/prepare_time/time/recheck
     (a CandidateRunner in this process, or a slot's channel to an executor). `gpu` (a slot's
     GpuLock) lets jobs share the GPU except while one of them is timed. `overhead` (the slot's
-    calibration) bounds the reported latency from below by this process's clock around the timing."""
+    calibration) bounds the reported latency from below by this process's clock around the timing.
+    The candidate side's requests (build, trials, timing_prep, recheck) take no GPU lock: a slot's
+    timed window stops every other executor (fibray.workers.quiesce); this process's own GPU work
+    (inputs and references, checks) shares the GPU and keeps off it while a window is open."""
     s = job.settings
     phase = phases if phases is not None else Phases()  # build, inputs_reference, trials, check, timing, ...
     gpu = gpu if gpu is not None else _OwnGpu()
-    with gpu.hold(phase, "build"):
+    with phase("build"):  # the candidate's side: no GPU lock (a timed window stops its process instead)
         err = calls.build(job)
     if err is not None:
         return judge.fail(Status.COMPILE_ERROR, getattr(err, "reason", Reason.BUILD_FAILED), str(err), s)
@@ -243,14 +246,14 @@ def run_job(job: Job, judge: Judge, calls, phases: Optional[Phases] = None, gpu=
         return judge.fail(Status.RUNTIME_ERROR, Reason.BAD_WORKLOAD_INPUT, str(e), s)
     verdict = CheckResult()
     for trial in range(s.trials):
-        with gpu.hold(phase, "trials"):
+        with phase("trials"):
             out = calls.trial(job, trial)
         with gpu.hold(phase, "check"):
             verdict.merge(judge.check(job, state, trial, out))
         if not verdict.ok:
             return judge.failed(job, verdict)
     try:
-        with gpu.hold(phase, "timing_prep"):
+        with phase("timing_prep"):
             calls.prepare_time(job)
         with gpu.hold(phase, "timing", exclusive=True):
             timing = bounded_time(lambda: calls.time(job), s, overhead, judge.device.type,
@@ -266,8 +269,10 @@ def run_job(job: Job, judge: Judge, calls, phases: Optional[Phases] = None, gpu=
 
         status, reason = classify_exception(e)
         return judge.fail(status, _when_timed(reason), repr(e), s)
+    with phase("recheck"):
+        out = calls.recheck(job)
     with gpu.hold(phase, "recheck"):
-        again = judge.check(job, state, s.trials, calls.recheck(job))
+        again = judge.check(job, state, s.trials, out)
     if not again.ok:
         if again.reason == Reason.TOLERANCE_EXCEEDED:
             again.reason = Reason.STALE_OUTPUT

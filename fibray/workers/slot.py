@@ -14,7 +14,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Optional
 
 import torch
@@ -35,6 +35,7 @@ from fibray.workers.process import sandbox
 from fibray.workers.spec import SlotSpec
 from fibray.workers.start import SlotStart
 from fibray.workers.process.executor import LEAK_BYTES
+from fibray.workers.quiesce import Quiet
 from fibray.workers.process.channel import BadMessage, ChannelClosed, DeadlineExceeded, Reply, Request, recv, send
 
 Status = EvaluationStatus
@@ -58,16 +59,16 @@ _PHASE_OF = {"trial": "trials", "time": "timing", "prepare_time": "timing_prep"}
 class _RemoteCalls:
     """run_job's candidate side, answered by an executor process under deadlines."""
 
-    def __init__(self, ex: sandbox.Executor, job: Job, phase: Phases) -> None:
-        self.ex, self.job, self.phase = ex, job, phase
+    def __init__(self, ex: sandbox.Executor, job: Job, phase: Phases, quiet: Optional[Quiet] = None) -> None:
+        self.ex, self.job, self.phase, self.quiet = ex, job, phase, quiet
         self.run_spent = 0.0
         """Seconds the executor has spent on this job's run requests: the run deadline counts these
-        only, not the time the job waited for the GPU between them (behind other lanes' timings)."""
+        only, not the time the job waited between them, nor the time it was stopped (other lanes' timings)."""
 
     def _ask(self, req: Request, deadline: float, phase: str) -> Reply:
         try:
             send(self.ex.conn, req)
-            reply: Reply = recv(self.ex.conn, deadline, self.ex.arena)
+            reply: Reply = answer(self.ex, deadline, self.quiet, slack=self.job.settings.run_deadline_s)
             self.phase.add(reply.spent, prefix=f"{_PHASE_OF.get(req.op, req.op)}.")
             return reply
         except DeadlineExceeded:
@@ -88,11 +89,14 @@ class _RemoteCalls:
             raise ExecutorFault(Status.RUNTIME_ERROR, reason, f"{detail} during {phase}\n{self.ex.output_tail()}") from None
 
     def _run(self, req: Request) -> Reply:
-        t0 = time.monotonic()
+        t0, s0 = time.monotonic(), self._stopped()
         try:
             return self._ask(req, t0 + max(0.0, self.job.settings.run_deadline_s - self.run_spent), "run")
         finally:
-            self.run_spent += time.monotonic() - t0
+            self.run_spent += max(0.0, time.monotonic() - t0 - (self._stopped() - s0))
+
+    def _stopped(self) -> float:
+        return self.quiet.stopped_s(self.ex) if self.quiet is not None else 0.0
 
     def build(self, job: Job) -> Optional[BuildError]:
         reply = self._ask(Request("build", job), time.monotonic() + job.settings.build_deadline_s, "build")
@@ -128,6 +132,22 @@ class _RemoteCalls:
         return reply.value
 
 
+def answer(ex: sandbox.Executor, deadline: float, quiet: Optional[Quiet], slack: float = 0.0) -> Reply:
+    """The executor's reply before `deadline`, moved back by every second the executor spends stopped
+    (another lane's timed window) meanwhile. `slack`: more time for the rest of a reply whose first
+    bytes came in time (its sender may be stopped in the middle of it)."""
+    credited = quiet.stopped_s(ex) if quiet is not None else 0.0
+    while not ex.conn.poll(max(0.0, deadline - time.monotonic())):
+        if quiet is None:
+            raise DeadlineExceeded()
+        stopped = quiet.stopped_s(ex)
+        if stopped <= credited and not quiet.is_stopped(ex):
+            raise DeadlineExceeded()
+        deadline = max(deadline + stopped - credited, time.monotonic() + 0.05)
+        credited = stopped
+    return recv(ex.conn, deadline + slack, ex.arena)
+
+
 class GpuLock:
     """Who may use the GPU: jobs' correctness work shares it, timing has it alone.
 
@@ -137,8 +157,12 @@ class GpuLock:
     before new shared work, so timings are never starved.
     """
 
-    def __init__(self, settle: Optional[Callable[[], None]] = None) -> None:
+    def __init__(self, settle: Optional[Callable[[], None]] = None,
+                 alone: Optional[Callable[[str, Optional[sandbox.Executor]], AbstractContextManager]] = None) -> None:
         self._settle = settle
+        self._alone = alone
+        """Entered inside every exclusive hold: (name, the executor to keep running) -> every other
+        executor of the slot settled and stopped (GpuSlot._alone)."""
         """Run before shared work gives the GPU up (a device synchronise): kernels this process
         queued finish first, so none still runs when a timer takes the GPU. An executor settles
         its own work before it replies."""
@@ -169,12 +193,14 @@ class GpuLock:
             self._cond.notify_all()
 
     @contextmanager
-    def hold(self, phase: Phases, name: str, exclusive: bool = False) -> Iterator[None]:
-        """Wait for the GPU (the wait is phase `gpu_wait`), then run phase `name` on it."""
+    def hold(self, phase: Phases, name: str, exclusive: bool = False,
+             keep: Optional[sandbox.Executor] = None) -> Iterator[None]:
+        """Wait for the GPU (the wait is phase `gpu_wait`), then run phase `name` on it; exclusive:
+        with every executor but `keep` stopped."""
         with phase("gpu_wait"):
             self.acquire(exclusive)
         try:
-            with phase(name):
+            with phase(name), (self._alone(name, keep) if exclusive and self._alone is not None else nullcontext()):
                 try:
                     yield
                 finally:
@@ -182,6 +208,17 @@ class GpuLock:
                         self._settle()
         finally:
             self.release(exclusive)
+
+
+class _LaneGpu:
+    """One lane's view of the slot's GPU lock: its candidate's timing keeps its own executor running
+    (and stops the others); the reference's timing, run by the supervisor, stops them all."""
+
+    def __init__(self, gpu: GpuLock, ex: sandbox.Executor) -> None:
+        self.gpu, self.ex = gpu, ex
+
+    def hold(self, phase: Phases, name: str, exclusive: bool = False) -> AbstractContextManager:
+        return self.gpu.hold(phase, name, exclusive, keep=None if name == "reference_timing" else self.ex)
 
 
 class GpuSlot:
@@ -195,7 +232,10 @@ class GpuSlot:
         self._lock = threading.RLock()  # executor lists, spawning and stray reaping
         self._free = threading.Condition(self._lock)
         self.device = default_device()
-        self.gpu = GpuLock((lambda: torch.cuda.synchronize(self.device)) if self.device.type == "cuda" else None)
+        self.quiet = Quiet()
+        """Stops the other executors around every timed window; keeps how long each was stopped."""
+        self.gpu = GpuLock((lambda: torch.cuda.synchronize(self.device)) if self.device.type == "cuda" else None,
+                           self._alone)
         self.counters = {"promotions": 0, "retired": 0, "escalations": 0, "strays_killed": 0}
         self._busy = 0
         self._lanes = threading.Semaphore(spec.lanes)
@@ -320,6 +360,13 @@ class GpuSlot:
         h = reply.value if reply.ok else None
         return bool(h and h["canary_ok"] and h["allocated"] - h["baseline"] < LEAK_BYTES)
 
+    def _alone(self, name: str, keep: Optional[sandbox.Executor]) -> AbstractContextManager:
+        """A timed window: every executor of this slot but `keep` (all, for the reference's timing)
+        settles its device work and is stopped until the window ends."""
+        with self._lock:
+            executors = [e for e in (*self.persistent, self.standby, *self.fresh, *self.in_use) if e is not None]
+        return self.quiet.window(name, executors, keep)
+
     def _left_behind(self, ex: sandbox.Executor) -> list[int]:
         """Live processes under an executor that returned from its job (it adopts its candidates' orphans)."""
         return sandbox.live_descendants(ex.pid) if ex.alive() else []
@@ -360,13 +407,13 @@ class GpuSlot:
             ex = pristine if pristine is not None else self._take_fresh()
             try:
                 first = calibration_job(s, 1)
-                calls = _RemoteCalls(ex, first, Phases())
+                calls = _RemoteCalls(ex, first, Phases(), self.quiet)
 
                 def finish(job: Job) -> None:
                     send(ex.conn, Request("finish", job))
                     recv(ex.conn, time.monotonic() + deadlines.HEALTH_S, ex.arena)
 
-                with self.gpu.hold(Phases(), "calibration", exclusive=True):
+                with self.gpu.hold(Phases(), "calibration", exclusive=True, keep=ex):
                     self.overheads[key] = calibrate(calls, s, self.device.type, finish)
             finally:
                 if pristine is None:
@@ -447,18 +494,18 @@ class GpuSlot:
                          phases=phase)
 
     def _run(self, ex: sandbox.Executor, job: Job, phase: Phases) -> tuple[Optional[Evaluation], Optional[ExecutorFault]]:
-        calls = _RemoteCalls(ex, job, phase)
+        calls = _RemoteCalls(ex, job, phase, self.quiet)
         with phase("calibration"):
             overhead = self._overhead_for(job.settings)
         try:
-            evaluation = run_job(job, self.judge, calls, phase, self.gpu, overhead)
+            evaluation = run_job(job, self.judge, calls, phase, _LaneGpu(self.gpu, ex), overhead)
         except ExecutorFault as f:
             sandbox.kill_executor(ex)  # hung or broken: down at once, whole tree
             return None, f
         try:
             with phase("finish"):
                 send(ex.conn, Request("finish", job))
-                recv(ex.conn, time.monotonic() + deadlines.HEALTH_S, ex.arena)
+                answer(ex, time.monotonic() + deadlines.HEALTH_S, self.quiet)
         except (ChannelClosed, DeadlineExceeded):
             pass  # the health check that follows retires it
         return evaluation, None

@@ -26,6 +26,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--workdir", required=True)
     parser.add_argument("--arena-fd", type=int, default=None, help="shared memory for the tensors of replies")
     parser.add_argument("--arena-bytes", type=int, default=0)
+    parser.add_argument("--quiesce-fd", type=int, default=None, help="side channel: synchronise the device and ack")
     args = parser.parse_args(argv)
     conn = Connection(args.fd)
     _exit_with(os.getppid())
@@ -49,6 +50,9 @@ def main(argv: list[str] | None = None) -> None:
         _flush_buffer(device)  # the L2-flush buffer lives for the process: part of the memory baseline
         torch.cuda.synchronize(device)
     import triton  # noqa: F401  (warm: the first candidate should not pay for it)
+
+    if args.quiesce_fd is not None:
+        _serve_quiesce(args.quiesce_fd, (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None))
 
     arena = Arena(args.arena_fd, args.arena_bytes) if args.arena_fd is not None else None
     if arena is not None and device.type == "cuda":
@@ -98,6 +102,32 @@ def main(argv: list[str] | None = None) -> None:
             send(conn, reply, arena)
         except ChannelClosed:
             return
+
+
+def _serve_quiesce(fd: int, settle) -> None:
+    """Answer each byte on the side channel `fd` with the same byte once `settle()` (a device
+    synchronise) returned, on a thread of its own: the main thread may be busy in a candidate's call
+    or a JIT compile. Cooperation only: the supervisor stops this process whether it acks or not."""
+    import socket
+    import threading
+
+    side = socket.socket(fileno=fd)
+
+    def loop() -> None:
+        while True:
+            try:
+                data = side.recv(4096)
+                if not data:
+                    return
+                try:
+                    settle()
+                except Exception:  # noqa: BLE001 - a broken context: the supervisor stops us anyway
+                    pass
+                side.send(data[-1:])
+            except OSError:
+                return
+
+    threading.Thread(target=loop, name="fibray-quiesce", daemon=True).start()
 
 
 def _exit_with(parent: int) -> None:

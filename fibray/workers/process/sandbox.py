@@ -176,6 +176,8 @@ class Executor:
     arena: Optional[Arena] = None
     """Shared memory the executor writes its replies' tensors into."""
     drainer: Optional[threading.Thread] = None
+    quiesce: Optional[socket.socket] = None
+    """The supervisor's end of the executor's side channel: a byte asks it to synchronise its device and ack."""
     _tail: deque = field(default_factory=lambda: deque(maxlen=256))
     _tail_bytes: list = field(default_factory=lambda: [0])
 
@@ -221,6 +223,7 @@ def spawn(device: str, base_dir: Path, policy: SandboxPolicy, single_use: bool) 
         raise PrivilegeError(problem)
     lease = uid_pool(policy).lease() if policy.drop_privileges else None
     ours, theirs = socket.socketpair()
+    side_ours, side_theirs = socket.socketpair()  # the quiesce side channel (fibray.workers.quiesce)
     workdir = Path(tempfile.mkdtemp(prefix="exec-", dir=base_dir))
     uid = lease.uid if lease is not None else None
     netns = policy.isolate_network and network_namespaces_available()
@@ -243,13 +246,13 @@ def spawn(device: str, base_dir: Path, policy: SandboxPolicy, single_use: bool) 
                           memory_limit_bytes=limits.memory_limit_bytes, cpu_seconds=limits.cpu_seconds,
                           netns=netns, uid=uid),
             sys.executable, "-m", "fibray.workers.process.executor", "--fd", str(theirs.fileno()), "--device", device,
-            "--workdir", str(workdir)]
+            "--workdir", str(workdir), "--quiesce-fd", str(side_theirs.fileno())]
     if arena is not None:
         argv += ["--arena-fd", str(arena.fd), "--arena-bytes", str(arena.size)]
     try:
         proc = subprocess.Popen(
             argv, env=env, cwd=workdir, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-            pass_fds=(theirs.fileno(), *([arena.fd] if arena else [])), start_new_session=True,
+            pass_fds=(theirs.fileno(), side_theirs.fileno(), *([arena.fd] if arena else [])), start_new_session=True,
         )  # no preexec_fn: the launcher applies the sandbox after exec (see fibray.workers.process.launch)
     except BaseException:
         if arena is not None:
@@ -259,8 +262,10 @@ def spawn(device: str, base_dir: Path, policy: SandboxPolicy, single_use: bool) 
         raise
     finally:
         theirs.close()
+        side_theirs.close()
     ex = Executor(proc=proc, conn=Connection(ours.detach()), workdir=workdir, single_use=single_use,
-                  network_isolated=netns, privileges_dropped=uid is not None, uid=lease, arena=arena)
+                  network_isolated=netns, privileges_dropped=uid is not None, uid=lease, arena=arena,
+                  quiesce=side_ours)
     ex.drainer = threading.Thread(target=_drain, args=(ex,), daemon=True)
     ex.drainer.start()
     return ex
@@ -392,6 +397,8 @@ def retire(ex: Executor, wait_s: float = deadlines.RETIRE_EXIT_S) -> None:
     if ex.drainer is not None:
         ex.drainer.join(deadlines.OUTPUT_DRAIN_S)  # its last output is in the tail before anyone reads why it ended
     ex.conn.close()
+    if ex.quiesce is not None:
+        ex.quiesce.close()
     if ex.arena is not None:
         ex.arena.close()
         ex.arena = None

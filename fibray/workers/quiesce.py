@@ -1,0 +1,157 @@
+"""Timing windows alone on the GPU: every other executor of the slot settles its device work and is stopped.
+
+Builds, trials and checks of other lanes run unlocked; entering a timed window the supervisor asks
+each other executor (over its side channel, served on a thread of its own) to synchronise its
+device, waits a short deadline for the acks, then SIGSTOPs every process of those executors, and
+SIGCONTs them after. The supervisor enforces the stop, not the candidates: an executor that does not
+ack (hung, busy holding the GIL, or hostile) is stopped all the same, and the window goes ahead.
+Residual risk, which lanes=1 removes: GPU work such an executor had already queued when it was
+stopped may still run inside the window. Time an executor spends stopped is not counted against
+its requests' deadlines (`Quiet.stopped_s`).
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import signal
+import socket
+import threading
+import time
+from collections import deque
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Optional
+
+from fibray import deadlines
+from fibray.workers.process import sandbox
+
+
+@dataclass
+class Window:
+    """One timed window: its name, the executor left running (None: all stopped), wall-clock bounds,
+    how long the acks took and how many executors were stopped without one."""
+
+    name: str
+    kept: Optional[int]
+    start: float
+    end: float = 0.0
+    ack_wait_s: float = 0.0
+    unacked: int = 0
+    stopped: int = 0
+
+
+class Quiet:
+    """Stops a slot's executors around timed windows and keeps how long each was stopped."""
+
+    def __init__(self, ack_deadline_s: float = deadlines.QUIESCE_ACK_S) -> None:
+        self.ack_deadline_s = ack_deadline_s
+        self.enabled = True
+        """False: nothing is stopped (the control of the tests that show what stopping prevents)."""
+        self.windows: deque[Window] = deque(maxlen=4096)
+        self._lock = threading.Lock()
+        self._stopped_total: dict[int, float] = {}
+        self._stopped_since: dict[int, float] = {}
+        self._seq = 0
+
+    def stopped_s(self, ex: sandbox.Executor) -> float:
+        """Seconds `ex` has been stopped so far (the current stop included)."""
+        with self._lock:
+            since = self._stopped_since.get(ex.pid)
+            return self._stopped_total.get(ex.pid, 0.0) + (time.monotonic() - since if since is not None else 0.0)
+
+    def is_stopped(self, ex: sandbox.Executor) -> bool:
+        with self._lock:
+            return ex.pid in self._stopped_since
+
+    def _acks(self, executors: list[sandbox.Executor]) -> int:
+        """Ask each executor to synchronise its device; wait for the acks up to the deadline; the number missing."""
+        self._seq = (self._seq + 1) % 256
+        token = bytes([self._seq])
+        pending: dict[socket.socket, sandbox.Executor] = {}
+        for ex in executors:
+            side = getattr(ex, "quiesce", None)
+            if side is None or not ex.ready:
+                continue
+            try:
+                while select.select([side], [], [], 0)[0] and side.recv(4096):
+                    pass  # late acks of earlier windows
+                side.send(token)
+                pending[side] = ex
+            except (OSError, ValueError):
+                continue
+        end = time.monotonic() + self.ack_deadline_s
+        while pending:
+            left = end - time.monotonic()
+            if left <= 0:
+                break
+            try:
+                ready = select.select(list(pending), [], [], left)[0]
+            except (OSError, ValueError):  # one was retired (closed) meanwhile: wait no more
+                break
+            for side in ready:
+                try:
+                    data = side.recv(4096)
+                except (OSError, ValueError):  # retired meanwhile
+                    data = b""
+                if not data or token in data:
+                    pending.pop(side)
+        return len(pending)
+
+    @contextmanager
+    def window(self, name: str, executors: Iterable[sandbox.Executor], keep: Optional[sandbox.Executor]) -> Iterator[Window]:
+        """The body runs with every executor in `executors` but `keep` settled and stopped."""
+        others = [e for e in executors if e is not None and e is not keep and e.alive()]
+        w = Window(name, keep.pid if keep is not None else None, time.time())
+        if not self.enabled:
+            others = []
+        t0 = time.monotonic()
+        w.unacked = self._acks(others)
+        w.ack_wait_s = time.monotonic() - t0
+        stopped: list[tuple[sandbox.Executor, list[int]]] = []
+        for ex in others:
+            pids = []
+            for pid in (ex.pid, *sandbox.descendants(ex.pid)):  # the executor first: it forks no more
+                try:
+                    os.kill(pid, signal.SIGSTOP)
+                    pids.append(pid)
+                except (ProcessLookupError, PermissionError):
+                    pass
+            with self._lock:
+                self._stopped_since[ex.pid] = time.monotonic()
+            stopped.append((ex, pids))
+        w.stopped = len(stopped)
+        _wait_stopped([p for _, pids in stopped for p in pids], time.monotonic() + deadlines.QUIESCE_ACK_S)
+        w.start = time.time()
+        try:
+            yield w
+        finally:
+            w.end = time.time()
+            for ex, pids in stopped:
+                for pid in pids:
+                    try:
+                        os.kill(pid, signal.SIGCONT)
+                    except (ProcessLookupError, PermissionError):
+                        pass
+                with self._lock:
+                    since = self._stopped_since.pop(ex.pid, None)
+                    if since is not None:
+                        self._stopped_total[ex.pid] = self._stopped_total.get(ex.pid, 0.0) + time.monotonic() - since
+            self.windows.append(w)
+
+
+
+def _wait_stopped(pids: list[int], deadline: float) -> None:
+    """Until the kernel shows every process stopped (state T in /proc; a SIGSTOP is delivered
+    asynchronously), or gone, or the deadline passed."""
+    for pid in pids:
+        while time.monotonic() < deadline:
+            try:
+                with open(f"/proc/{pid}/stat", "rb") as f:
+                    state = f.read().rsplit(b")", 1)[1].split()[0]
+            except (OSError, IndexError):
+                break
+            if state in (b"T", b"t", b"Z", b"X"):
+                break
+            time.sleep(0.0005)
