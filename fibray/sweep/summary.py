@@ -19,7 +19,7 @@ from fibray.store.columns import describe_timing_mode
 _COLUMNS = ["definition", "solution", "author", "language", "status", "reason", "speedup", "latency_ms",
             "timing_mode", "hardware", "environment_limited", "dataset_name", "split"]
 
-CPU_SPEEDUP_NOTE = ("speedups in parentheses were timed by wall clock on a CPU (Triton interpreted): not meaningful; "
+CPU_SPEEDUP_NOTE = ("speedups in parentheses were timed by wall clock on a CPU{triton}: not meaningful; "
                     "time on a GPU for real speedups")
 
 
@@ -126,8 +126,10 @@ def sweep_summary(store: TraceStore, sweep: str) -> str:
     """The whole end-of-sweep text: timing mode, the table, the note on CPU speedups, then what could not run."""
     rows = summary_rows(store, sweep)
     out = [timing_line(store, sweep), format_summary(rows)]
-    if any(r.get("cpu_timing") and r["geomean_speedup"] for r in rows):
-        out.append(f"note: {CPU_SPEEDUP_NOTE}")
+    cpu = [r for r in rows if r.get("cpu_timing") and r["geomean_speedup"]]
+    if cpu:
+        triton = " (Triton interpreted)" if any(r["language"] == "triton" for r in cpu) else ""
+        out.append("note: " + CPU_SPEEDUP_NOTE.format(triton=triton))
     held_back = summary_rows(store, sweep, splits=("hidden", "replay"))
     if held_back:  # stored and reported (python -m fibray.promote --report), never fed back here
         passed, total = sum(r["passed"] for r in held_back), sum(r["total"] for r in held_back)
