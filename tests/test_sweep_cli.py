@@ -113,5 +113,5 @@ def test_ctrl_c_is_one_line_saying_what_was_saved_and_exit_130(when):
     assert m, err[-3000:]
     rows = len(TraceStore(store).read(columns=["job_id"]))
     assert int(m.group(1)) == int(m.group(2)) == rows and Path(m.group(3)) == store.resolve()
-    assert (rows == 0) if when == "during_ray_start" else (rows >= 2)
+    assert (rows == 0) if when == "during_ray_start" else (rows >= 1), rows
     assert not [p for p in tmp.iterdir() if p.name.startswith("fibray-")], "the sweep's temp dirs outlived it"

@@ -179,14 +179,26 @@ class ClusterError(RuntimeError):
     """Ray could not be started or joined; the message says which and why, in one line."""
 
 
-def _ray_init(what: str, **kwargs: object) -> None:
+RAY_START_TRIES = 2
+"""Tries to start a local Ray: its node gives up after a fixed 30 s, which a busy machine can exceed."""
+
+
+def _ray_init(what: str, tries: int = 1, **kwargs: object) -> None:
     import ray
 
-    try:
-        ray.init(**kwargs)
-    except Exception as e:  # Ray raises a bare Exception when its node times out starting
-        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
-        raise ClusterError(f"cluster: {what} did not start: {first}") from None
+    for attempt in range(1, tries + 1):
+        try:
+            ray.init(**kwargs)
+            return
+        except Exception as e:  # Ray raises a bare Exception when its node times out starting
+            first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+            if attempt < tries and "timed out during startup" in first:
+                log.warning("%s did not start in time (a busy machine?); trying again", what)
+                ray.shutdown()
+                continue
+            hint = " (a busy machine: retry, or start one with `ray start --head` and pass cluster=ray)" \
+                if "timed out" in first else ""
+            raise ClusterError(f"cluster: {what} did not start: {first}{hint}") from None
 
 
 def init_ray(cfg: SweepConfig, verbose: Optional[bool] = None) -> tuple[int, bool]:
@@ -211,8 +223,8 @@ def init_ray(cfg: SweepConfig, verbose: Optional[bool] = None) -> tuple[int, boo
             raise ConfigError(f"cluster.num_gpus: {cfg.cluster.num_gpus} requested but this machine has {real} GPU(s)")
         gpus = (cfg.cluster.num_gpus or real) if real else (cfg.cluster.num_gpus or 2)
         log.info("starting a local Ray (%d %sGPU(s)) ...", gpus, "" if real else "logical ")
-        _ray_init("a local Ray", address="local", num_gpus=gpus, num_cpus=cfg.cluster.num_cpus, include_dashboard=False,
-                  log_to_driver=cfg.cluster.log_to_driver, configure_logging=False)
+        _ray_init("a local Ray", tries=RAY_START_TRIES, address="local", num_gpus=gpus, num_cpus=cfg.cluster.num_cpus,
+                  include_dashboard=False, log_to_driver=cfg.cluster.log_to_driver, configure_logging=False)
         started = True
     available = int(ray.cluster_resources().get("GPU", 0))
     if available < 1:
