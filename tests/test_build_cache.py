@@ -52,6 +52,7 @@ print(json.dumps({"compiled_here": r.compiled_here, "status": r.entry.status, "p
 """
 
 
+@pytest.mark.slow
 def test_two_processes_compiling_the_same_solution_at_once_compile_it_once(tmp_path: Path) -> None:
     sol, go = _solution("fill_shared"), tmp_path / "go"
     procs = [subprocess.Popen([sys.executable, "-c", _CHILD, str(tmp_path / "cache"), sol.model_dump_json(), str(go)],
@@ -106,6 +107,7 @@ def test_cache_key_changes_with_the_target_architecture(tmp_path: Path, monkeypa
     assert cache.key(sol) != default
 
 
+@pytest.mark.slow
 def test_compile_ahead_returns_the_error_text_or_none(tmp_path: Path) -> None:
     assert compile_ahead(_solution("fill_ok"), tmp_path) is None
     text = compile_ahead(_solution("fill_bad", _KERNEL.replace("int64_t n)", "int64_t n")), tmp_path)

@@ -222,6 +222,7 @@ def test_interpreter_dot_on_bf16_matches_a_matmul():
     torch.testing.assert_close(c, a.float() @ b.float(), atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.slow
 def test_fp8_inputs_survive_timing_with_revisited_input_sets():
     """Timing revisits input sets (more calls than distinct sets) and changes them before each
     call; fp8 tensors have no arithmetic, so their bytes are changed instead."""

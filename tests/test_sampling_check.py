@@ -168,6 +168,7 @@ def test_draw_plan_tiles_the_batch_within_the_byte_budget(top_p_def):
     assert plan.reps * 3 * (VOCAB * 4 + 4) <= 32 << 20
 
 
+@pytest.mark.slow
 def test_collect_draws_stacks_the_tiled_calls_of_a_real_sampler(top_p_def):
     probs = _row().repeat(2, 1)
     args = [probs, torch.tensor([0.5, 0.9])]

@@ -44,17 +44,20 @@ def test_without_a_gpu_a_found_sanitizer_is_not_run_either(monkeypatch) -> None:
     assert all(r.outcome is Outcome.NOT_RUN for r in sanitizer_gates([]).values())
 
 
+@pytest.mark.slow
 def test_the_runner_runs_a_candidate_once_in_its_sandboxed_process(tmp_path: Path) -> None:
     run = run_tool([], "memcheck", job("return x * w", tmp_path), deadline_s=120)
     assert (run.outcome, run.returncode) == ("clean", 0), run.tail
     assert "scale_h64_s on w-n4: ran" in run.tail
 
 
+@pytest.mark.slow
 def test_the_runner_runs_destination_passing_candidates_into_their_outputs(tmp_path: Path) -> None:
     run = run_tool([], "memcheck", job("torch.mul(x, w, out=y)", tmp_path, dps=True), deadline_s=120)
     assert run.outcome == "clean", run.tail
 
 
+@pytest.mark.slow
 def test_a_candidate_that_raises_is_a_runner_failure_not_a_clean_run(tmp_path: Path) -> None:
     run = run_tool([], "memcheck", job("raise RuntimeError('boom')", tmp_path), deadline_s=120)
     assert run.outcome == "runner_failed" and "RuntimeError: boom" in run.tail
