@@ -107,7 +107,8 @@ def run_sweep(data: Path, work: Path, args: argparse.Namespace, tag: str, env: d
                                                                   "started_at", "finished_at"]).to_pylist()
     first = min(r["finished_at"] for r in rows).timestamp() - t0 if rows else float("nan")
     return {"rows": rows, "wall_s": run.wall_s, "breakdown": run.breakdown, "summary": run.summary,
-            "setup_s": run.setup_s, "start_s": run.start_s, "window_s": run.window_s, "first_eval_s": first}
+            "setup_s": run.setup_s, "start_s": run.start_s, "window_s": run.window_s, "first_eval_s": first,
+            "log": work / f"sweep-{tag}.log"}
 
 
 def import_seconds(env: dict) -> float:
@@ -117,11 +118,18 @@ def import_seconds(env: dict) -> float:
     return float(out.stdout.strip())
 
 
-def ray_start_seconds(env: dict) -> float:
-    code = ("import time, ray; t = time.monotonic(); ray.init(address='local', num_gpus=1, include_dashboard=False, "
-            "log_to_driver=False, configure_logging=False); print(time.monotonic() - t); ray.shutdown()")
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
-    return float(out.stdout.strip().splitlines()[-1])
+def sweep_phases(log: Path) -> dict[str, float]:
+    """Seconds (since the sweep's console started) at which its start-up lines appeared."""
+    marks = {"dataset": r"loading dataset", "ray": r"starting a local Ray", "slots": r"starting \d+ GPU slot",
+             "ready": r"slot \S+ ready"}
+    out: dict[str, float] = {}
+    for line in log.read_text(errors="replace").splitlines():
+        m = re.match(r"\s*([\d.]+)s\s+(.*)", line)
+        if m:
+            for key, pattern in marks.items():
+                if key not in out and re.search(pattern, m.group(2)):
+                    out[key] = float(m.group(1))
+    return out
 
 
 # -- 3. round latency ----------------------------------------------------------------------------
@@ -323,13 +331,22 @@ def _report(res: dict[str, dict], env: dict) -> None:
     for name, r in res.items():
         if name.startswith("fibray"):
             print(f"{name}: {r['summary']}\n  time: {r['breakdown']}")
-    imports, ray_s = import_seconds(env), ray_start_seconds(env)
-    for name in ("fibray cold", "fibray on service"):
-        if name in res:
-            r = res[name]
-            print(f"start-up {name}: command to first evaluation {r['first_eval_s']:.1f}s = setup {r['setup_s']:.1f}s "
-                  f"(interpreter+imports ~{imports:.1f}s, dataset, {'Ray start ~%.1fs' % ray_s if 'cold' in name else 'joining the service'}) "
-                  f"+ slot start-up {r['start_s']:.1f}s + the first job")
+    imports = import_seconds(env)
+    for name, tag in (("fibray cold", "cold"), ("fibray on service", "warm")):
+        if name not in res:
+            continue
+        r, ph = res[name], sweep_phases(r["log"])
+        parts = [f"interpreter+imports ~{imports:.1f}s"]
+        if "ray" in ph:
+            parts.append(f"dataset+ledger {ph['ray'] - ph.get('dataset', 0):.1f}s")
+            if "slots" in ph:
+                parts.append(f"Ray start {ph['slots'] - ph['ray']:.1f}s")
+            if "ready" in ph and "slots" in ph:
+                parts.append(f"slot start-up (torch, executors) {ph['ready'] - ph['slots']:.1f}s")
+        else:
+            parts.append(f"dataset+ledger+joining the service {r['setup_s']:.1f}s")
+        print(f"start-up {name}: command to first evaluation {r['first_eval_s']:.1f}s: " + ", ".join(parts)
+              + f"; the sweep's own split: setup {r['setup_s']:.1f}s, slot start-up {r['start_s']:.1f}s")
     pairs = [(a, "flashinfer-bench") for a in res if a.startswith("fibray") and "flashinfer-bench" in res]
     if "fibray on service" in res and "fibray cold" in res:
         pairs.append(("fibray on service", "fibray cold"))
