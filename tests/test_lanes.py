@@ -15,7 +15,8 @@ from fibray.evaluate.phases import Phases
 from fibray.schema import Solution
 from fibray.store import scan
 from fibray.sweep import run_sweep
-from fibray.workers.slot import GpuLock, GpuSlot
+from fibray.workers.gpu_lock import GpuLock
+from fibray.workers.slot import GpuSlot
 from fibray.workers.spec import SlotSpec
 from _sweep_helpers import reachable_tmpdir, smoke_config
 from test_slot import _jobs

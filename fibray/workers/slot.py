@@ -13,8 +13,7 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager, contextmanager, nullcontext
+from contextlib import AbstractContextManager
 from typing import Optional
 
 import torch
@@ -31,6 +30,7 @@ from fibray.schema import EvalSettings, Evaluation, EvaluationStatus, Job, JobRe
 from fibray.timing import Timing
 from fibray.timing.bound import Overhead, calibrate, calibration_job
 from fibray.timing.roofline import device_caps
+from fibray.workers.gpu_lock import GpuLock, LaneGpu
 from fibray.workers.process import sandbox
 from fibray.workers.spec import SlotSpec
 from fibray.workers.start import SlotStart
@@ -146,79 +146,6 @@ def answer(ex: sandbox.Executor, deadline: float, quiet: Optional[Quiet], slack:
         deadline = max(deadline + stopped - credited, time.monotonic() + 0.05)
         credited = stopped
     return recv(ex.conn, deadline + slack, ex.arena)
-
-
-class GpuLock:
-    """Who may use the GPU: jobs' correctness work shares it, timing has it alone.
-
-    A slot with several lanes runs several jobs at once; their builds, trials and checks may
-    overlap on the GPU, but a timed section (the candidate's or the reference's) waits until
-    no other work is on it and keeps new work off until it is done. A waiting timer goes
-    before new shared work, so timings are never starved.
-    """
-
-    def __init__(self, settle: Optional[Callable[[], None]] = None,
-                 alone: Optional[Callable[[str, Optional[sandbox.Executor]], AbstractContextManager]] = None) -> None:
-        self._settle = settle
-        self._alone = alone
-        """Entered inside every exclusive hold: (name, the executor to keep running) -> every other
-        executor of the slot settled and stopped (GpuSlot._alone)."""
-        """Run before shared work gives the GPU up (a device synchronise): kernels this process
-        queued finish first, so none still runs when a timer takes the GPU. An executor settles
-        its own work before it replies."""
-        self._cond = threading.Condition()
-        self._shared = 0
-        self._exclusive = False
-        self._waiting = 0
-
-    def acquire(self, exclusive: bool) -> None:
-        with self._cond:
-            if exclusive:
-                self._waiting += 1
-                while self._exclusive or self._shared:
-                    self._cond.wait()
-                self._waiting -= 1
-                self._exclusive = True
-            else:
-                while self._exclusive or self._waiting:
-                    self._cond.wait()
-                self._shared += 1
-
-    def release(self, exclusive: bool) -> None:
-        with self._cond:
-            if exclusive:
-                self._exclusive = False
-            else:
-                self._shared -= 1
-            self._cond.notify_all()
-
-    @contextmanager
-    def hold(self, phase: Phases, name: str, exclusive: bool = False,
-             keep: Optional[sandbox.Executor] = None) -> Iterator[None]:
-        """Wait for the GPU (the wait is phase `gpu_wait`), then run phase `name` on it; exclusive:
-        with every executor but `keep` stopped."""
-        with phase("gpu_wait"):
-            self.acquire(exclusive)
-        try:
-            with phase(name), (self._alone(name, keep) if exclusive and self._alone is not None else nullcontext()):
-                try:
-                    yield
-                finally:
-                    if self._settle is not None and not exclusive:
-                        self._settle()
-        finally:
-            self.release(exclusive)
-
-
-class _LaneGpu:
-    """One lane's view of the slot's GPU lock: its candidate's timing keeps its own executor running
-    (and stops the others); the reference's timing, run by the supervisor, stops them all."""
-
-    def __init__(self, gpu: GpuLock, ex: sandbox.Executor) -> None:
-        self.gpu, self.ex = gpu, ex
-
-    def hold(self, phase: Phases, name: str, exclusive: bool = False) -> AbstractContextManager:
-        return self.gpu.hold(phase, name, exclusive, keep=None if name == "reference_timing" else self.ex)
 
 
 class GpuSlot:
@@ -498,7 +425,7 @@ class GpuSlot:
         with phase("calibration"):
             overhead = self._overhead_for(job.settings)
         try:
-            evaluation = run_job(job, self.judge, calls, phase, _LaneGpu(self.gpu, ex), overhead)
+            evaluation = run_job(job, self.judge, calls, phase, LaneGpu(self.gpu, ex), overhead)
         except ExecutorFault as f:
             sandbox.kill_executor(ex)  # hung or broken: down at once, whole tree
             return None, f
