@@ -1,10 +1,6 @@
-"""`fibray.client.Client`: submit solutions to a running service and get futures of their verdicts.
-
-Submission blocks while the service's queue is full (back-pressure); futures are
-concurrent.futures (or asyncio, with `submit_async`) of the Evaluation each job gets, the same
-record the store holds under the client's sweep name. The service, not this process, writes
-those records, so a client that goes away still has its jobs finished and recorded.
-"""
+"""`fibray.client.Client`: submit solutions to a running service and get concurrent.futures (or asyncio)
+futures of their Evaluations; submission blocks while the queue is full, and the service, not this
+process, records them under the client's sweep, so a client that leaves still has its jobs recorded."""
 
 from __future__ import annotations
 

@@ -1,9 +1,6 @@
-"""What a client or an HTTP request asks the service for, validated at the edge: a solution, a
-definition (by name from a dataset, or inline), a workload selection and evaluation settings.
-
-Every error is a RequestError naming the field (`solution.spec.entry_point`, `workloads[2]`);
-nothing is queued for a request that has one.
-"""
+"""What a client or an HTTP request asks the service for, validated at the edge: a solution, a definition
+(by name or inline), a workload selection and settings. Every error is a RequestError naming the field
+(`solution.spec.entry_point`, `workloads[2]`); nothing is queued for a request that has one."""
 
 from __future__ import annotations
 

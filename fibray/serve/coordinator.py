@@ -1,10 +1,6 @@
 """The service's coordinator: a detached Ray actor that owns the queue, dispatches jobs to the
-service's GPU slots and answers each submitted job exactly once.
-
-Clients submit jobs and get tickets; `result(ticket)` resolves when the job's verdict is in.
-A client sweep's records are written here (SweepWriter, one writer per sweep); a `fibray.sweep`
-run writes its own. It never runs candidate code and never blocks its event loop on a slot.
-"""
+service's slots and answers each submitted job once; it writes client sweeps' records (one writer
+per sweep), never runs candidate code, and never blocks its event loop on a slot."""
 
 from __future__ import annotations
 

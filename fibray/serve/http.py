@@ -1,9 +1,6 @@
-"""The service's HTTP front, a Ray Serve deployment: POST /evaluate (a solution, a definition, a
-workload selection, settings -> JSON verdicts) and GET /status.
-
-A malformed or oversized request gets a 4xx whose body names the field; nothing is queued for it.
-A full queue is 503 with nothing queued (all of a request's jobs are admitted, or none).
-"""
+"""The service's HTTP front, a Ray Serve deployment: POST /evaluate (a solution, a definition, workloads,
+settings -> JSON verdicts) and GET /status. A malformed, invalid or oversized request gets a 4xx naming
+the field and nothing is queued; a full queue is 503 (a request's jobs are all admitted, or none)."""
 
 from __future__ import annotations
 

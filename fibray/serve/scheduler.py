@@ -1,10 +1,6 @@
 """The service's scheduling: a bounded queue served round-robin between clients, and the sweep's
-WorkerPool driven as a loop that never ends, over named, detached slots that it restores.
-
-Everything the pool does for a sweep it does here (lanes, standby, escalation to isolation,
-quarantine, a lost slot's jobs re-run); isolation and quarantine are kept per sweep name, so one
-client's offender is not quarantined for another.
-"""
+WorkerPool (lanes, standby, escalation, quarantine, lost slots re-run) driven as a loop that never
+ends over named, detached slots it restores; isolation and quarantine are kept per sweep name."""
 
 from __future__ import annotations
 

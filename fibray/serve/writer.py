@@ -1,9 +1,6 @@
-"""The writer of a client sweep: the service's coordinator records what clients submit under
-their sweep name, holding that sweep's store lock while it writes (one writer per sweep).
-
-A `fibray.sweep` run on the service keeps writing its own records (its driver holds the lock);
-a client that names a sweep someone else is writing is refused.
-"""
+"""The writer of a client sweep: the coordinator records clients' verdicts under their sweep name,
+holding that sweep's store lock while it writes (one writer per sweep; a `fibray.sweep` run on the
+service keeps writing its own records, and a client naming a sweep someone else writes is refused)."""
 
 from __future__ import annotations
 

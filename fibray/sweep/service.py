@@ -9,6 +9,7 @@ import logging
 import os
 import socket
 import sys
+import threading
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -23,6 +24,8 @@ NAMESPACE = "fibray"
 """The Ray namespace of the service's named, detached actors (its coordinator and slots)."""
 _CALL_DEADLINE_S = 60.0
 """Deadline of one call to the coordinator."""
+_JOIN_LOCK = threading.Lock()
+"""One thread at a time imports Ray and joins the cluster."""
 _BATCH = 256
 """Most jobs sent in one submission call (the rest follow as the queue makes room)."""
 
@@ -138,20 +141,21 @@ def find_coordinator(name: str, address: Optional[str] = None, directory: Option
     """The running service's coordinator actor, or None when there is none to be found. Joins
     the cluster it lives on if this process is not in one yet: the one at `address` (or
     RAY_ADDRESS), or the one the service's state file names; with neither, returns None at once."""
-    if "ray" not in sys.modules or not sys.modules["ray"].is_initialized():
-        address = address or os.environ.get("RAY_ADDRESS")
-        state = read_state(name, directory)
-        if not address:
-            if state is None or not state.head_alive():
-                return None
-            address = state.address
-        join(address, state.auth_mode if state is not None and state.address == address else None, log_to_driver)
-    import ray
+    with _JOIN_LOCK:  # several threads may connect at once (clients in threads)
+        if "ray" not in sys.modules or not sys.modules["ray"].is_initialized():
+            address = address or os.environ.get("RAY_ADDRESS")
+            state = read_state(name, directory)
+            if not address:
+                if state is None or not state.head_alive():
+                    return None
+                address = state.address
+            join(address, state.auth_mode if state is not None and state.address == address else None, log_to_driver)
+        import ray
 
-    try:
-        return ray.get_actor(name, namespace=NAMESPACE)
-    except ValueError:
-        return None
+        try:
+            return ray.get_actor(name, namespace=NAMESPACE)
+        except ValueError:
+            return None
 
 
 class ServiceRunner:
