@@ -52,6 +52,8 @@ class _WorkloadState:
     inputs: list[list[Any]]
     refs: list[list[torch.Tensor]]
     ref_stats: Optional[LatencyStats] = None
+    ref_job: Optional[str] = None
+    """The job whose evaluation timed `ref_stats`."""
     nbytes: int = 0
 
 
@@ -156,8 +158,16 @@ class Judge:
                 timing = time_calls(self._reference(job.definition), arg_sets, warmup=s.warmup, iterations=s.iterations,
                                     device=self.device, flush_l2=s.flush_l2, sync_device=s.sync_device,
                                     adaptive=s.timing == "adaptive")
-            state.ref_stats = LatencyStats.of(timing.samples_ms)
+            state.ref_stats, state.ref_job = LatencyStats.of(timing.samples_ms), job.job_id
         return state.ref_stats
+
+    def known_reference(self, job: Job):
+        """The reference latency the store already holds for this job's environment (a KnownReference), or None."""
+        from fibray.schema.job import environment_key
+
+        if not job.settings.time_reference or not job.known_references:
+            return None
+        return job.known_references.get(environment_key(self.env.hardware, self.env.libs))
 
     def passed(self, job: Job, state: _WorkloadState, verdict: CheckResult, timing: Timing) -> Evaluation:
         s = job.settings
@@ -167,12 +177,18 @@ class Judge:
         too_fast = below_floor(stats.median_ms, job.definition, job.workload.axes, self.caps)
         if too_fast is not None:  # skipped work or a fooled timer, not a fast kernel
             return self.fail(Status.RUNTIME_ERROR, Reason.BELOW_ROOFLINE, too_fast, s)
-        ref_ms = self.reference_latency(job, state).median_ms if s.time_reference else 0.0
+        known = self.known_reference(job)
+        source, ref_job = (None, None) if not s.time_reference else ("reused", known.job_id) if known else ("measured", None)
+        if known is not None:
+            ref_ms = known.latency_ms
+        else:
+            ref_ms = self.reference_latency(job, state).median_ms if s.time_reference else 0.0
+            ref_job = state.ref_job if s.time_reference else None
         perf = Performance(
             latency_ms=stats.median_ms, reference_latency_ms=ref_ms,
             speedup_factor=ref_ms / stats.median_ms if stats.median_ms > 0 and ref_ms > 0 else 0.0,
             latency_p95_ms=stats.p95_ms, latency_mean_ms=stats.mean_ms, latency_cv=stats.cv, n_samples=stats.n,
-            timing_mode=timing.mode,
+            timing_mode=timing.mode, reference_latency_source=source, reference_job_id=ref_job,
         )
         corr = Correctness(max_absolute_error=verdict.max_abs, max_relative_error=verdict.max_rel, extra=verdict.extra or None)
         return Evaluation(status=Status.PASSED, correctness=corr, performance=perf, environment=self.env, timestamp=now_iso())
@@ -278,6 +294,8 @@ def run_job(job: Job, judge: Judge, calls, phases: Optional[Phases] = None, gpu=
             again.reason = Reason.STALE_OUTPUT
             again.message = "a call on new values in a reused buffer returned a wrong answer: " + again.message
         return judge.failed(job, again)
+    if judge.known_reference(job) is not None:  # timed before, in this environment: not again
+        return judge.passed(job, state, verdict, timing)
     with gpu.hold(phase, "reference_timing", exclusive=True):
         return judge.passed(job, state, verdict, timing)
 

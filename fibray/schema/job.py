@@ -75,6 +75,20 @@ def content_hash(*parts: object) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()
 
 
+class KnownReference(Model):
+    """A reference latency an earlier row of the store measured (fibray.sweep.reuse)."""
+
+    latency_ms: float = Field(gt=0.0)
+    """Its median, ms."""
+    job_id: str
+    """The job whose evaluation timed it."""
+
+
+def environment_key(hardware: str, libs: dict[str, str]) -> str:
+    """Where a latency holds: the device model and every library version (a row's `hardware` and `libs`)."""
+    return json.dumps([hardware, libs], sort_keys=True)
+
+
 class Job(Model):
     """One evaluation to run: a solution on a workload of a definition."""
 
@@ -99,6 +113,10 @@ class Job(Model):
     random inputs are drawn from it, so no candidate can know them before they arrive."""
     split: Split = Split.PUBLIC
     """The workload's split in its dataset (not part of the job's identity)."""
+    known_references: Optional[dict[str, KnownReference]] = None
+    """Reference latencies the store already holds for this definition, workload and timing settings,
+    by `environment_key` (set by the driver, never part of the id): a slot of a matching environment
+    reuses its own instead of timing the reference again."""
 
     @staticmethod
     def make_id(definition: Definition, workload: Workload, solution: Solution, settings: EvalSettings) -> str:

@@ -65,6 +65,11 @@ class Performance(Model):
     """Number of timed iterations behind the statistics (fibray extension)."""
     timing_mode: Optional[str] = None
     """wall_clock (CPU), stream_events, or device_sync when work escaped the current stream (fibray extension)."""
+    reference_latency_source: Optional[str] = None
+    """measured (timed for this job's workload by its slot) or reused (an earlier row's, same definition,
+    workload, environment and timing settings) (fibray extension)."""
+    reference_job_id: Optional[str] = None
+    """The job whose evaluation timed the reference latency (fibray extension)."""
 
 
 class Environment(Model):

@@ -66,6 +66,8 @@ SCHEMA = pa.schema([
     ("dataset_name", pa.string()),       # the dataset's root folder name (null in rows older than the column)
     ("dataset_hash", pa.string()),       # sha256 of the dataset's definitions and workloads (fibray.dataset)
     ("environment_limited", pa.bool_()), # could not run here (no GPU, interpreted Triton): not charged to the author
+    ("reference_latency_source", pa.string()),  # measured | reused (an earlier row's: fibray.sweep.reuse)
+    ("reference_job_id", pa.string()),   # the job whose evaluation timed the reference latency
 ])
 
 LOOP_COLUMNS = ("round", "parent", "generator", "run_id")
@@ -155,4 +157,6 @@ def to_row(job: Job, result: JobResult, loop: Optional[dict[str, Any]] = None, d
         "dataset_name": dataset_name,
         "dataset_hash": dataset_hash,
         "environment_limited": environment_limited(ev, job.solution.spec.language.value),
+        "reference_latency_source": perf.reference_latency_source if perf else None,
+        "reference_job_id": perf.reference_job_id if perf else None,
     }

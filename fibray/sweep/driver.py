@@ -23,6 +23,7 @@ from fibray.schema import Definition, Job, JobResult, Solution
 from fibray.store import StoreError, TraceStore, to_row
 from fibray.sweep.config import ConfigError, SweepConfig
 from fibray.sweep.console import Progress, quiet_ray
+from fibray.sweep.reuse import known_references
 from fibray.sweep.summary import format_summary, summary_rows  # noqa: F401  (their old home)
 from fibray.evaluate.phases import top_level
 
@@ -330,6 +331,7 @@ def run_sweep(cfg: SweepConfig) -> SweepReport:
         done = store.job_ids(cfg.sweep.name)
         salt = store.sweep_salt(cfg.sweep.name)  # inputs no candidate can predict; the same on a resume
         todo = [j.salted(salt) for j in jobs if j.job_id not in done]
+        todo = known_references(store, todo, ds.hash)  # no reference timed twice (issue 15.2)
         log.info("sweep %s: dataset %s (%s), %d definitions, %d solutions, %d jobs, %d already recorded",
                  cfg.sweep.name, ds.name, ds.hash[:12], len(ds.definitions), len(ds.solutions), len(jobs),
                  len(jobs) - len(todo))
