@@ -69,11 +69,11 @@ def test_fast_0_is_the_correct_rate_even_when_the_reference_was_not_timed(tmp_pa
     assert (got["fast_0"], got["fast_1"], got["geomean_speedup"]) == (0.5, 0.0, None)
 
 
-def test_a_job_recorded_twice_counts_once_as_its_latest_verdict(tmp_path: Path) -> None:
-    # The later verdict is written first, so file order cannot be what decides.
+def test_a_job_recorded_twice_counts_once_as_its_latest_published_verdict(tmp_path: Path) -> None:
+    # The verdict published last wins, whatever finished_at its row claims (a forger's says 2099).
     store = TraceStore(tmp_path)
-    store.append([row("d", "w1", "s", speedup=2.0, at=60.0), row("d", "w2", "s", speedup=2.0)])
-    store.append([row("d", "w1", "s", "RUNTIME_ERROR", at=10.0)])
+    store.append([row("d", "w1", "s", "RUNTIME_ERROR", at=60.0), row("d", "w2", "s", speedup=2.0)])
+    store.append([row("d", "w1", "s", speedup=2.0, at=10.0)])
     got = leaderboard(evaluations(store)).to_dicts()[0]
     assert (got["passed"], got["total"], got["evaluated"], got["fast_1"]) == (2, 2, 2, 1.0)
 

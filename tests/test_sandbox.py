@@ -33,17 +33,24 @@ def test_an_executor_runs_in_its_sandbox_as_the_process_that_was_started():
     ex = sandbox.spawn("cpu", base, policy, single_use=True)
     try:
         hello = recv(ex.conn, time.monotonic() + 120, ex.arena)
-        assert hello.value["pid"] == ex.pid  # exec'd in place: the pid the supervisor watches and kills
         with open(f"/proc/{ex.pid}/stat") as f:
             assert int(f.read().rsplit(")", 1)[1].split()[1]) == os.getpid()  # our child, for the stray reaper
-        limits = _limits(ex.pid)
+        if ex.pid_namespace:  # pid 1 of its own namespace, below the launcher that relays for it
+            (pid,) = sandbox._children(ex.pid)
+            assert hello.value["pid"] == 1
+            assert os.readlink(f"/proc/{pid}/ns/pid") != os.readlink("/proc/self/ns/pid")
+        else:
+            pid = ex.pid
+            assert hello.value["pid"] == ex.pid  # exec'd in place: the pid the supervisor watches and kills
+        limits = _limits(pid)
         assert limits["Max open files"] == "512" and limits["Max processes"] == "300"
         assert limits["Max core file size"] == "0" and limits["Max cpu time"] == "900"
         assert limits["Max address space"] == str(8 << 30)
         first, last = DEFAULT_UID_RANGE
         assert first <= hello.value["uid"] <= last and ex.privileges_dropped and ex.uid.uid == hello.value["uid"]
         if sandbox.network_namespaces_available():
-            assert os.readlink(f"/proc/{ex.pid}/ns/net") != os.readlink("/proc/self/ns/net") and ex.network_isolated
+            assert os.readlink(f"/proc/{pid}/ns/net") != os.readlink("/proc/self/ns/net") and ex.network_isolated
+        assert ex.pid_namespace == sandbox.pid_namespaces_available()
     finally:
         sandbox.retire(ex)
 
@@ -108,7 +115,7 @@ def test_each_executor_runs_as_a_uid_of_its_own():
         for ex, uid in zip(executors, uids):
             st = os.stat(ex.workdir)
             assert st.st_uid == uid and st.st_mode & 0o077 == 0  # its directory: no other executor looks in
-            assert ex.pid in uids_running(uid)
+            assert set(ex.processes()[1 if ex.pid_namespace else 0:]) <= set(uids_running(uid))
     finally:
         for ex in executors:
             sandbox.retire(ex)
@@ -169,3 +176,49 @@ def test_a_store_writable_by_others_is_refused(tmp_path):
     os.chmod(store, 0o755)
     os.chmod(tmp_path, 0o777)  # others could rename the store away and put their own in its place
     assert str(tmp_path) in sandbox.writable_by_others(str(store))
+
+
+_LOOK_AROUND = """
+import os, signal, sys
+seen = sorted(int(p) for p in os.listdir("/proc") if p.isdigit())
+try:
+    os.kill(int(sys.argv[1]), signal.SIGKILL)
+    print("killed", seen)
+except OSError as e:
+    print(type(e).__name__, seen)
+"""
+
+
+def test_an_executor_sees_and_signals_no_process_outside_its_own():
+    if not sandbox.pid_namespaces_available():
+        import pytest
+
+        pytest.skip("this OS refuses PID namespaces")
+    victim = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        argv = sandbox_argv(max_open_files=256, max_processes=256, memory_limit_bytes=None, cpu_seconds=None,
+                            netns=False, uid=None, pidns=True)  # even as root: a PID namespace alone
+        out = subprocess.run([*argv, sys.executable, "-c", _LOOK_AROUND, str(victim.pid)], capture_output=True,
+                             text=True, timeout=60)
+        assert out.stdout.split()[0] == "ProcessLookupError" and out.stdout.split(None, 1)[1].strip() == "[1]", out
+        assert victim.poll() is None
+    finally:
+        victim.kill()
+        victim.wait()
+
+
+def test_what_an_executor_leaves_behind_dies_with_it():
+    if not sandbox.pid_namespaces_available():
+        import pytest
+
+        pytest.skip("this OS refuses PID namespaces")
+    argv = sandbox_argv(max_open_files=256, max_processes=256, memory_limit_bytes=None, cpu_seconds=None,
+                        netns=False, uid=DEFAULT_UID_RANGE[0], pidns=True)
+    code = ("import subprocess, sys; p = subprocess.Popen([sys.executable, '-c', 'import os, time; os.setsid(); "
+            "time.sleep(60)'], start_new_session=True); print(p.pid, flush=True)")
+    proc = subprocess.run([*argv, sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    deadline = time.monotonic() + 10
+    while uids_running(DEFAULT_UID_RANGE[0]):  # the orphan went with its namespace's first process
+        assert time.monotonic() < deadline, "an orphan outlived its executor"
+        time.sleep(0.05)

@@ -74,8 +74,10 @@ def test_standby_takes_over_when_the_active_executor_dies(slot):
     os.kill(slot.active.pid, signal.SIGKILL)
     job = _jobs()[0].model_copy(update={"job_id": "after-kill"})
     result = slot.evaluate(job, "auto", now_iso())
-    # the dead executor's fault is escalated to a fresh process, which gives the honest verdict
-    assert result.evaluation.status.value == "PASSED" and result.escalated and result.isolation == "isolated"
+    # the dead executor is found before the job (its launcher is gone at once) or its fault is
+    # escalated to a fresh process: either way the honest verdict
+    assert result.evaluation.status.value == "PASSED"
+    assert result.isolation == ("isolated" if result.escalated else "persistent")
     assert slot.active.pid == standby
     assert slot.counters["promotions"] >= 1
 
@@ -141,12 +143,13 @@ def test_executor_failing_its_health_check_is_retired_before_the_next_job(slot):
         "spec": {"language": "python", "target_hardware": ["cpu"], "entry_point": "main.py::run",
                  "destination_passing_style": True},
         "sources": [{"path": "main.py", "content": _BREAKS_THE_CANARY}]})
-    standby = slot._ready(slot.standby).pid
     before = dict(slot.counters)
     slot.evaluate(job.model_copy(update={"job_id": "breaks-canary", "solution": poisoner}), "auto", now_iso())
     # the canary's known answer came out wrong: the executor is retired and the standby takes over
-    assert slot.active.pid == standby
-    assert slot.counters["retired"] == before["retired"] + 1 and slot.counters["promotions"] == before["promotions"] + 1
+    # (a standby took over once before, when the lane's executor that had served another solution was retired)
+    assert slot.counters["retired"] == before["retired"] + 1
+    assert slot.counters["solution_changes"] == before["solution_changes"] + 1
+    assert slot.counters["promotions"] == before["promotions"] + 2
     after = slot.evaluate(job.model_copy(update={"job_id": "after-canary"}), "auto", now_iso())
     assert after.evaluation.status.value == "PASSED" and not after.escalated
 
@@ -214,3 +217,27 @@ def test_a_failure_while_timed_keeps_the_executors_status_reason_and_log(slot):
     ev = result.evaluation
     assert (ev.status.value, ev.reason) == ("RUNTIME_ERROR", "out_of_memory"), (ev.reason, ev.log[-300:])
     assert "Traceback" in ev.log and "MemoryError" in ev.log and not result.escalated
+
+
+def _candidate_jobs(name: str) -> list[Job]:
+    ds = load_dataset(REPO / "datasets" / "core", definitions=["rmsnorm_h4096"], solution_roots=[REPO / "tests" / "candidates"],
+                      solutions=[name], workload_set="cpu_small")
+    d, sol = ds.definitions["rmsnorm_h4096"], ds.solutions[name]
+    s = EvalSettings(warmup=1, iterations=2, trials=1)
+    return [Job(job_id=f"{name}{i}", sweep="t", definition=d, workload=w, solution=sol, settings=s, dataset_root=str(ds.root))
+            for i, w in enumerate(ds.workloads["rmsnorm_h4096"])]
+
+
+@pytest.mark.parametrize("offender", ["offender_patches_torch", "offender_leaves_thread"])
+def test_what_a_solution_leaves_in_its_executor_never_reaches_the_next_solution(slot, offender):
+    bad = slot.evaluate(_candidate_jobs(offender)[0], "auto", now_iso())
+    assert bad.evaluation.status.value == "PASSED"  # correct itself: the harm is to whoever comes next
+    pid = slot.active.pid
+    import time
+
+    time.sleep(2.0)  # the thread's patch lands after its job and health check
+    for job in _jobs()[:2]:
+        result = slot.evaluate(job, "auto", now_iso())
+        assert result.evaluation.status.value == "PASSED", result.evaluation.log[-500:]
+    assert slot.active.pid != pid  # one executor, one solution: retired, not reused
+    assert slot.counters["solution_changes"] >= 1

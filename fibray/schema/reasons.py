@@ -124,7 +124,9 @@ class Reason(StrEnum):
     KILLED_BY_SIGNAL = "killed_by_signal"
     """The executor was killed by a signal (a segfault, an abort, a kill)."""
     SANDBOX_FAILED = "sandbox_failed"
-    """The executor's sandbox (its network namespace) could not be set up."""
+    """The executor's sandbox (its network or PID namespace) could not be set up."""
+    EXECUTOR_UNAVAILABLE = "executor_unavailable"
+    """No executor could be started (or kept alive) for the job, e.g. spares killed as they warmed up."""
     EXECUTOR_ERROR = "executor_error"
     """The executor could not serve a request (an error outside the candidate's call)."""
     BAD_MESSAGE = "bad_message"
@@ -135,6 +137,9 @@ class Reason(StrEnum):
     """The slot running the job was lost `runner.max_attempts` times; the job was given up."""
     QUARANTINED = "quarantined"
     """The solution faulted `runner.quarantine_after` times and was not run again."""
+    SUPERVISOR_ERROR = "supervisor_error"
+    """The slot's supervisor raised while it ran the job (a fibray bug, or a candidate's doing): the
+    job gets this verdict and the sweep goes on."""
 
 
 POISONING_REASONS = frozenset({Reason.ILLEGAL_MEMORY_ACCESS, Reason.DEVICE_ASSERT, Reason.CUDA_ERROR})

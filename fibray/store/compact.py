@@ -70,8 +70,8 @@ def _remove(paths: list[Path]) -> list[Path]:
 
 def recover(store: TraceStore, definition: str, sweep: str) -> list[Path]:
     """Remove files that a completed merge already replaced (left by a killed compaction)."""
-    files = store.files(sweep=sweep, definition=definition)
-    names = {p.name for p in files}
+    files = store.files(sweep=sweep, definition=definition)  # only published files say what they replaced
+    names = {p.name for p in store.partition(definition, sweep).glob("*.parquet")}
     stale = [p for f in files for name in _replaces(f) if name in names and name != f.name
              for p in [f.parent / name]]
     return _remove(sorted(set(stale)))
@@ -81,14 +81,16 @@ def compact_partition(store: TraceStore, definition: str, sweep: str) -> Compact
     """Merge every file of one partition into one new file; the rows and their order stay the same."""
     with store.lock(sweep):
         recovered = recover(store, definition, sweep)
-        files = store.files(sweep=sweep, definition=definition)
+        published = store.published(sweep=sweep, definition=definition)
+        files = [p.path for p in published]
         if len(files) < 2:
             rows = pq.read_metadata(files[0]).num_rows if files else 0
             return CompactionResult(definition, sweep, rows, len(files), len(files), None, recovered)
-        # Files are named part-<UTC stamp>-<id>, so sorted order is (about) write order.
+        # in publication order; the merged file takes the place of the last of them in that order
         merged = pa.concat_tables([pq.read_table(p, schema=SCHEMA) for p in files])
         merged = merged.replace_schema_metadata({REPLACES_KEY: json.dumps([p.name for p in files]).encode()})
-        new_file = store._publish(store.partition(definition, sweep), merged)
+        new_file = store._publish(store.partition(definition, sweep), merged, replaces=tuple(p.name for p in files),
+                                  published_ns=max(p.published_ns for p in published))
         if not pq.read_table(new_file, schema=SCHEMA).equals(merged.replace_schema_metadata(None)):
             new_file.unlink()
             raise StoreError(f"compaction of {store.partition(definition, sweep)}: merged file read back different; kept the originals")

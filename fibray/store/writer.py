@@ -2,7 +2,8 @@
 
 Files are written under a hidden temporary name, fsynced, and renamed into place, so a
 reader never sees half a file and a killed writer leaves no visible debris. Nothing is
-ever rewritten in place. The sweep driver is the only writer of a sweep (see `lock`).
+ever rewritten in place. The sweep driver is the only writer of a sweep (see `lock`), and
+readers read only the files it published (fibray.store.manifest), in publication order.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from urllib.parse import quote, unquote
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from fibray.store import manifest
 from fibray.store.columns import PARTITION_COLUMNS, SCHEMA
 
 
@@ -43,6 +45,8 @@ class TraceStore:
 
     def __init__(self, root: str | Path) -> None:
         self.root = Path(root)
+        self.ignored: list[Path] = []
+        """Files the last listing found in partitions but did not read (not published by a driver)."""
 
     def partition(self, definition: str, sweep: str) -> Path:
         return self.root / f"definition={_enc(definition)}" / f"sweep={_enc(sweep)}"
@@ -58,7 +62,8 @@ class TraceStore:
             published.append(self._publish(self.partition(definition, sweep), table))
         return published
 
-    def _publish(self, folder: Path, table: pa.Table) -> Path:
+    def _publish(self, folder: Path, table: pa.Table, replaces: tuple[str, ...] = (),
+                 published_ns: Optional[int] = None) -> Path:
         try:
             _mkdirs(folder)
         except OSError as e:
@@ -80,13 +85,25 @@ class TraceStore:
             with contextlib.suppress(FileNotFoundError):
                 tmp.unlink()
             raise
+        manifest.record(self.root, folder / name, table.num_rows, replaces, published_ns)
         return folder / name
 
-    def files(self, sweep: Optional[str] = None, definition: Optional[str] = None) -> list[Path]:
-        """Published Parquet files, optionally of one sweep and/or definition."""
+    def published(self, sweep: Optional[str] = None, definition: Optional[str] = None) -> list[manifest.Published]:
+        """Files the driver published (optionally of one sweep and/or definition), in publication
+        order; any other file under a partition is ignored (`ignored` lists them) with a warning."""
         d = f"definition={_enc(definition)}" if definition else "definition=*"
         s = f"sweep={_enc(sweep)}" if sweep else "sweep=*"
-        return sorted(self.root.glob(f"{d}/{s}/*.parquet"))
+        out, self.ignored = [], []
+        for folder in sorted(p for p in self.root.glob(f"{d}/{s}") if p.is_dir()):
+            verdict = manifest.verify(self.root, folder)
+            out += verdict.files
+            self.ignored += verdict.ignored
+        manifest.warn_ignored(self.root, self.ignored)
+        return sorted(out, key=lambda p: (p.published_ns, str(p.path.parent), p.line))
+
+    def files(self, sweep: Optional[str] = None, definition: Optional[str] = None) -> list[Path]:
+        """Published Parquet files, optionally of one sweep and/or definition, in publication order."""
+        return [p.path for p in self.published(sweep, definition)]
 
     def read(self, sweep: Optional[str] = None, columns: Optional[list[str]] = None) -> pa.Table:
         """Rows as an Arrow table (partition columns included), with pyarrow only."""
@@ -172,17 +189,18 @@ def _read_columns(path: Path, wanted: list[str]) -> pa.Table:
 
 
 def scan(root: str | Path):
-    """A Polars LazyFrame over every row of the store (hive partition columns as strings)."""
+    """A Polars LazyFrame over every published row of the store (hive partition columns as
+    strings), rows in publication order: the last row of a unit is the last one published."""
     import polars as pl
 
-    root = Path(root)
-    if not any(root.glob("definition=*/sweep=*/*.parquet")):
+    files = TraceStore(root).files()
+    if not files:
         empty = pa.schema([pa.field(c, pa.string()) for c in PARTITION_COLUMNS] + list(SCHEMA)).empty_table()
         return pl.from_arrow(empty).lazy()
     # only the partition folders: _promotions/ and other side tables are not evaluations; files
     # written before a column existed read it as nulls
     return pl.scan_parquet(
-        f"{root}/definition=*/sweep=*/*.parquet", hive_partitioning=True, schema=_polars_schema(),
+        [str(f) for f in files], hive_partitioning=True, schema=_polars_schema(),
         missing_columns="insert", hive_schema={"definition": pl.String, "sweep": pl.String},
     )
 

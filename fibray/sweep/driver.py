@@ -25,7 +25,7 @@ from fibray.sweep.config import ConfigError, SweepConfig
 from fibray.sweep.console import Progress, quiet_ray
 from fibray.sweep.reuse import known_references
 from fibray.sweep.summary import format_summary, summary_rows  # noqa: F401  (their old home)
-from fibray.evaluate.phases import top_level
+from fibray.evaluate.phases import now_iso, top_level
 
 if TYPE_CHECKING:
     from fibray.sweep.pool import PoolOptions
@@ -163,6 +163,7 @@ class _Recorder:
         if job.job_id in self.seen:
             return False
         self.seen.add(job.job_id)
+        result = result.model_copy(update={"finished_at": now_iso()})  # the driver's clock, not a slot's
         self.buffer.append(to_row(job, result, dataset_name=self.dataset[0], dataset_hash=self.dataset[1]))
         if len(self.buffer) >= self.flush_rows or time.monotonic() - self._last > self.flush_interval_s:
             self.flush()

@@ -275,7 +275,14 @@ class WorkerPool:
             self._lose(slot, groups, f"actor died: {type(e).__name__}", on_result)
             return
         except RayTaskError as e:
-            raise RuntimeError(f"slot gpu{slot.index} raised during a job (a fibray bug): {e}") from e
+            # nothing a job does may stop the sweep: it gets a verdict, the others go on
+            job = slot.inflight.pop(ref).job
+            log.error("slot gpu%d raised during job %s: %s", slot.index, job.job_id[:12], e)
+            result = self._verdict(slot, job, EvaluationStatus.RUNTIME_ERROR, Reason.SUPERVISOR_ERROR,
+                                   f"the slot's supervisor raised during this job: {str(e)[-4000:]}")
+            self._account(job, result)
+            on_result(job, result)
+            return
         job = slot.inflight.pop(ref).job
         self._account(job, value)
         on_result(job, value)

@@ -41,6 +41,10 @@ from fibray.workers.process.channel import BadMessage, ChannelClosed, DeadlineEx
 Status = EvaluationStatus
 
 
+class NoExecutor(RuntimeError):
+    """No usable executor could be had for a job (it failed to start, or died before its job)."""
+
+
 class ExecutorFault(SideFault):
     """The executor hung, died or was poisoned: its verdict cannot be trusted as is."""
 
@@ -163,7 +167,7 @@ class GpuSlot:
         """Stops the other executors around every timed window; keeps how long each was stopped."""
         self.gpu = GpuLock((lambda: torch.cuda.synchronize(self.device)) if self.device.type == "cuda" else None,
                            self._alone)
-        self.counters = {"promotions": 0, "retired": 0, "escalations": 0, "strays_killed": 0}
+        self.counters = {"promotions": 0, "retired": 0, "solution_changes": 0, "escalations": 0, "strays_killed": 0}
         self._busy = 0
         self._lanes = threading.Semaphore(spec.lanes)
         """A job (persistent or isolated) holds a lane; a job sent ahead of time waits here for one."""
@@ -209,10 +213,10 @@ class GpuSlot:
         """The executor, warm and alive; RuntimeError if it could not start or has ended since it
         said it was ready (neither is the fault of the job about to use it)."""
 
-        def unusable(what: str, how: str = "") -> RuntimeError:
+        def unusable(what: str, how: str = "") -> NoExecutor:
             sandbox.retire(ex)
             reason, detail = ex.exit_reason()
-            return RuntimeError(f"executor {ex.pid} {what} ({how}{reason}: {detail}): {ex.output_tail()[-2000:]}")
+            return NoExecutor(f"executor {ex.pid} {what} ({how}{reason}: {detail}): {ex.output_tail()[-2000:]}")
 
         if not ex.ready:
             try:
@@ -224,19 +228,29 @@ class GpuSlot:
             raise unusable("ended after it was ready")
         return ex
 
-    def _take_persistent(self) -> sandbox.Executor:
-        for attempt in range(2):
+    def _take_persistent(self, solution: str) -> sandbox.Executor:
+        """A lane's executor for a job of `solution`. An executor serves one solution: one that
+        ran another is retired here and the warm standby takes its lane (nothing an earlier
+        candidate patched, started or left in memory reaches this one)."""
+        failures = 0
+        while True:
             with self._free:
                 while not self.idle:
                     self._free.wait()
                 ex = self.idle.pop(0)
+            if ex.solution is not None and ex.solution != solution:
+                self._discard(ex, counter="solution_changes")
+                continue
             try:
-                return self._ready(ex)
-            except RuntimeError:
+                ex = self._ready(ex)
+            except NoExecutor:
                 self._discard(ex)
-                if attempt:
+                failures += 1
+                if failures >= 2:
                     raise
-        raise AssertionError("unreachable")
+                continue
+            ex.solution = solution
+            return ex
 
     def _give_back(self, ex: sandbox.Executor) -> None:
         with self._free:
@@ -250,21 +264,22 @@ class GpuSlot:
         for attempt in range(3):
             with self._lock:  # listed as in use at once: another lane's stray reap must not take it for a stray
                 ex = self.fresh.pop(0) if self.fresh and not attempt else self._spawn(single_use=True)
+                ex.solution = "single-use"
                 self.in_use.append(ex)
                 while len(self.fresh) < self.spare_isolated:
                     self.fresh.append(self._spawn(single_use=True))  # warms up while this job runs
             try:
                 return self._ready(ex)
-            except RuntimeError as e:
+            except NoExecutor as e:
                 self._discard(ex)
                 failures.append(str(e))
-        raise RuntimeError("no single-use executor could start:\n" + "\n".join(failures))
+        raise NoExecutor("no single-use executor could start:\n" + "\n".join(failures))
 
-    def _discard(self, ex: sandbox.Executor) -> None:
+    def _discard(self, ex: sandbox.Executor, counter: str = "retired") -> None:
         """Retire an executor; if it was a persistent one, the standby takes its lane at once."""
         with self._free:
             sandbox.retire(ex)  # under the lock: a stray reap never sees its dying tree as strays
-            self.counters["retired"] += 1
+            self.counters[counter] += 1
             if ex in self.in_use:
                 self.in_use.remove(ex)
             if ex in self.persistent:
@@ -296,7 +311,7 @@ class GpuSlot:
 
     def _left_behind(self, ex: sandbox.Executor) -> list[int]:
         """Live processes under an executor that returned from its job (it adopts its candidates' orphans)."""
-        return sandbox.live_descendants(ex.pid) if ex.alive() else []
+        return ex.started_processes() if ex.alive() else []
 
     def _reap_strays(self, job_alone: bool) -> list[int]:
         """Kill processes that re-parented to this slot (their executor is gone, or a candidate
@@ -364,6 +379,11 @@ class GpuSlot:
             self._busy += 1
         try:
             return self._evaluate(job, mode, started_at, phase)
+        except NoExecutor as e:  # e.g. spares killed as they warmed up: a verdict, never a stopped sweep
+            evaluation = self.judge.fail(Status.RUNTIME_ERROR, Reason.EXECUTOR_UNAVAILABLE,
+                                         bound_log(str(e), job.settings.log_limit), job.settings)
+            return JobResult(job_id=job.job_id, evaluation=evaluation, worker=self.name, isolation=mode,
+                             attempt=job.attempt, started_at=started_at, finished_at=now_iso(), phases=phase)
         finally:
             with self._lock:
                 self._busy -= 1
@@ -371,7 +391,7 @@ class GpuSlot:
 
     def _evaluate(self, job: Job, mode: str, started_at: str, phase: Phases) -> JobResult:
         with phase("executor_wait"):
-            ex = self._take_fresh() if mode == "isolated" else self._take_persistent()
+            ex = self._take_fresh() if mode == "isolated" else self._take_persistent(job.solution.hash)
         isolation = "isolated" if ex.single_use else "persistent"
         escalated = False
         evaluation, fault = self._run(ex, job, phase)

@@ -7,6 +7,11 @@ forked child of a threaded process can deadlock or abort on a lock another threa
 the H200 as single-use executors killed by SIGABRT before they printed anything. With no
 `preexec_fn`, subprocess starts this launcher through vfork and exec alone, and everything
 below runs in a fresh, single-threaded process. SANDBOX is a JSON object (see `sandbox_argv`).
+
+With a PID namespace the launcher forks once: the child is pid 1 of a new namespace (with its
+own /proc, so it sees no process outside) and becomes the executor; the launcher stays as its
+relay (the pid the supervisor started, signals and waits for), ends it if the supervisor goes,
+and ends the way it ended. When the executor ends, the kernel kills every process it left.
 """
 
 from __future__ import annotations
@@ -15,26 +20,80 @@ import ctypes
 import json
 import os
 import resource
+import select
+import signal
 import sys
+import time
 
 _CLONE_NEWNET = 0x40000000
+_CLONE_NEWNS = 0x00020000
+_CLONE_NEWPID = 0x20000000
+_MS_NOSUID, _MS_NODEV, _MS_NOEXEC, _MS_REC, _MS_PRIVATE = 0x2, 0x4, 0x8, 0x4000, 0x40000
+_PR_SET_PDEATHSIG = 1
 NETNS_REFUSED = 121
 """Exit status when a network namespace was asked for and refused: better no executor than a networked one."""
+PIDNS_REFUSED = 122
+"""Exit status when a PID namespace (and its /proc) was asked for and refused."""
 
 
 def sandbox_argv(*, max_open_files: int, max_processes: int, memory_limit_bytes: int | None,
-                 cpu_seconds: int | None, netns: bool, uid: int | None) -> list[str]:
+                 cpu_seconds: int | None, netns: bool, uid: int | None, pidns: bool = False) -> list[str]:
     """The launcher's arguments before `--` and the executor's argv."""
     spec = {"nofile": max_open_files, "nproc": max_processes, "as": memory_limit_bytes, "cpu": cpu_seconds,
-            "netns": netns, "uid": uid, "parent": os.getpid()}
+            "netns": netns, "uid": uid, "pidns": pidns, "parent": os.getpid()}
     return [sys.executable, "-m", "fibray.workers.process.launch", json.dumps(spec), "--"]
 
 
+def _relay(child: int, parent: int, alive_fd: int) -> None:
+    """The launcher's life after the fork: wait for the executor, end it if the supervisor goes,
+    then end as it ended (killed by a signal: the same signal), so the supervisor reads it.
+    `alive_fd` stays open while the relay lives (the executor checks it once)."""
+    os.closerange(3, alive_fd)  # channel and arena are the executor's alone
+    os.closerange(alive_fd + 1, resource.getrlimit(resource.RLIMIT_NOFILE)[0])
+
+    # no thread for this: after unshare(CLONE_NEWPID) the kernel refuses to start one
+    while True:
+        pid, status = os.waitpid(child, os.WNOHANG)
+        if pid:
+            break
+        if os.getppid() != parent:
+            os.kill(child, signal.SIGKILL)
+        time.sleep(0.05)
+    if os.WIFSIGNALED(status):
+        sig = os.WTERMSIG(status)
+        signal.signal(sig, signal.SIG_DFL)
+        os.kill(os.getpid(), sig)
+    os._exit(os.waitstatus_to_exitcode(status) & 0xFF)
+
+
+def _enter_pid_namespace(libc, parent: int) -> int:
+    """Fork into a new PID namespace; returns in the child (pid 1 there, with a /proc of its own)
+    a descriptor that reads end-of-file once the relay has ended."""
+    if libc.unshare(_CLONE_NEWPID | _CLONE_NEWNS) != 0:
+        os._exit(PIDNS_REFUSED)
+    relay_gone, relay_alive = os.pipe()
+    child = os.fork()
+    if child:
+        os.close(relay_gone)
+        _relay(child, parent, relay_alive)
+    os.close(relay_alive)
+    if (libc.mount(b"none", b"/", None, _MS_REC | _MS_PRIVATE, None) != 0
+            or libc.mount(b"proc", b"/proc", b"proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC, None) != 0):
+        os._exit(PIDNS_REFUSED)
+    return relay_gone
+
+
 def apply(spec: dict) -> None:
-    """Limits, a new network namespace, an unprivileged uid. (No parent-death signal: Linux sends
-    it when the *thread* that started the process ends, and lanes start executors that other
-    lanes' jobs use; the executor watches its parent instead, see fibray.workers.process.executor.)"""
+    """A new network namespace, a new PID namespace, limits, an unprivileged uid. (The supervisor's
+    threads never see a parent-death signal: Linux sends it when the *thread* that started the
+    process ends, and lanes start executors that other lanes' jobs use; the executor watches its
+    parent instead, see fibray.workers.process.executor. Only the single-threaded relay arms one.)"""
     libc = ctypes.CDLL(None, use_errno=True)
+    if spec["netns"] and libc.unshare(_CLONE_NEWNET) != 0:
+        os._exit(NETNS_REFUSED)
+    if os.getppid() != spec["parent"]:  # the supervisor is gone already: nobody to serve
+        os._exit(1)
+    relay_gone = _enter_pid_namespace(libc, spec["parent"]) if spec.get("pidns") else None  # limits below: the executor's
     resource.setrlimit(resource.RLIMIT_NOFILE, (spec["nofile"], spec["nofile"]))
     resource.setrlimit(resource.RLIMIT_NPROC, (spec["nproc"], spec["nproc"]))
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
@@ -42,14 +101,15 @@ def apply(spec: dict) -> None:
         resource.setrlimit(resource.RLIMIT_AS, (spec["as"], spec["as"]))
     if spec["cpu"]:
         resource.setrlimit(resource.RLIMIT_CPU, (spec["cpu"], spec["cpu"] + 5))
-    if spec["netns"] and libc.unshare(_CLONE_NEWNET) != 0:
-        os._exit(NETNS_REFUSED)
     if spec["uid"] is not None:
         os.setgroups([])
         os.setgid(spec["uid"])
         os.setuid(spec["uid"])
-    if os.getppid() != spec["parent"]:  # the supervisor is gone already: nobody to serve
-        os._exit(1)
+    if relay_gone is not None:
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)  # after setuid, which clears it; the relay is single-threaded
+        if select.select([relay_gone], [], [], 0)[0]:  # the relay ended before the signal was armed
+            os._exit(1)
+        os.close(relay_gone)
 
 
 def main(argv: list[str]) -> None:

@@ -29,7 +29,7 @@ from typing import Optional
 import fibray
 from fibray import deadlines
 from fibray.workers.process.arena import ARENA_BYTES, Arena
-from fibray.workers.process.launch import NETNS_REFUSED, sandbox_argv
+from fibray.workers.process.launch import NETNS_REFUSED, PIDNS_REFUSED, sandbox_argv
 from fibray.schema.reasons import Reason
 from fibray.workers.process.uids import DEFAULT_UID_RANGE, UidLease, UidPool
 
@@ -53,6 +53,7 @@ class SandboxPolicy:
     memory_limit_bytes: Optional[int] = 16 << 30  # address space, CPU devices only (CUDA maps huge VA)
     cpu_seconds: Optional[int] = None              # CPU time, for single-use executors
     isolate_network: bool = True
+    pid_namespace: bool = True                      # own PID namespace and /proc where the OS allows it
     drop_privileges: bool = True
     uid_range: Optional[tuple[int, int]] = None     # executors' uids, inclusive; None: DEFAULT_UID_RANGE
     build_cache: Optional[str] = None               # compiled-artifact cache written by fibray, read-only to executors
@@ -156,6 +157,26 @@ def network_namespaces_available() -> bool:
     return os.geteuid() == 0 and sys.platform.startswith("linux")
 
 
+_PIDNS: list[bool] = []
+
+
+def pid_namespaces_available() -> bool:
+    """Whether the launcher can put an executor in a PID namespace with its own /proc here (tried
+    once per process: containers often refuse it)."""
+    if not _PIDNS:
+        ok = os.geteuid() == 0 and sys.platform.startswith("linux")
+        if ok:
+            argv = sandbox_argv(max_open_files=256, max_processes=256, memory_limit_bytes=None, cpu_seconds=None,
+                                netns=False, uid=None, pidns=True)
+            try:
+                ok = subprocess.run([*argv, sys.executable, "-c", "import os; assert os.getpid() == 1"],
+                                    stdin=subprocess.DEVNULL, capture_output=True, timeout=60).returncode == 0
+            except (OSError, subprocess.TimeoutExpired):
+                ok = False
+        _PIDNS.append(ok)
+    return _PIDNS[0]
+
+
 @dataclass
 class Executor:
     """A running executor process and its end of the control channel."""
@@ -166,6 +187,8 @@ class Executor:
     single_use: bool
     network_isolated: bool
     privileges_dropped: bool
+    pid_namespace: bool = False
+    """The executor is pid 1 of a namespace of its own; `proc` is the launcher that relays for it."""
     uid: Optional[UidLease] = None
     """The uid this executor alone runs as (released when it is retired)."""
     solution: Optional[str] = None
@@ -192,6 +215,15 @@ class Executor:
     def alive(self) -> bool:
         return self.proc.poll() is None
 
+    def started_processes(self) -> list[int]:
+        """Live processes below the executor (its candidates' children and orphans), not itself."""
+        tops = _children(self.pid) if self.pid_namespace else [self.pid]
+        return [p for top in tops for p in live_descendants(top)]
+
+    def processes(self) -> list[int]:
+        """The executor's own processes, relay and executor included (host pids)."""
+        return [self.pid, *descendants(self.pid)]
+
     def exit_reason(self) -> tuple[Optional[Reason], str]:
         """(reason, detail) once the process has ended; (None, "") while it runs."""
         code = self.proc.poll()
@@ -202,6 +234,8 @@ class Executor:
             return Reason.KILLED_BY_SIGNAL, f"executor killed by {name}"
         if code == NETNS_REFUSED:
             return Reason.SANDBOX_FAILED, "network namespace could not be created"
+        if code == PIDNS_REFUSED and self.pid_namespace:
+            return Reason.SANDBOX_FAILED, "PID namespace could not be created"
         return Reason.CRASHED, f"executor exited with status {code}"
 
 
@@ -227,6 +261,7 @@ def spawn(device: str, base_dir: Path, policy: SandboxPolicy, single_use: bool) 
     workdir = Path(tempfile.mkdtemp(prefix="exec-", dir=base_dir))
     uid = lease.uid if lease is not None else None
     netns = policy.isolate_network and network_namespaces_available()
+    pidns = policy.pid_namespace and pid_namespaces_available()
     if uid is not None:
         os.chown(workdir, uid, uid)  # mode 0700 (mkdtemp): no other executor may look in
     # every cache an executor writes is its own; the shared build cache is written by fibray only
@@ -244,7 +279,7 @@ def spawn(device: str, base_dir: Path, policy: SandboxPolicy, single_use: bool) 
     arena = Arena.create(policy.arena_bytes) if policy.arena_bytes else None
     argv = [*sandbox_argv(max_open_files=limits.max_open_files, max_processes=limits.max_processes,
                           memory_limit_bytes=limits.memory_limit_bytes, cpu_seconds=limits.cpu_seconds,
-                          netns=netns, uid=uid),
+                          netns=netns, uid=uid, pidns=pidns),
             sys.executable, "-m", "fibray.workers.process.executor", "--fd", str(theirs.fileno()), "--device", device,
             "--workdir", str(workdir), "--quiesce-fd", str(side_theirs.fileno())]
     if arena is not None:
@@ -264,8 +299,8 @@ def spawn(device: str, base_dir: Path, policy: SandboxPolicy, single_use: bool) 
         theirs.close()
         side_theirs.close()
     ex = Executor(proc=proc, conn=Connection(ours.detach()), workdir=workdir, single_use=single_use,
-                  network_isolated=netns, privileges_dropped=uid is not None, uid=lease, arena=arena,
-                  quiesce=side_ours)
+                  network_isolated=netns, privileges_dropped=uid is not None, pid_namespace=pidns, uid=lease,
+                  arena=arena, quiesce=side_ours)
     ex.drainer = threading.Thread(target=_drain, args=(ex,), daemon=True)
     ex.drainer.start()
     return ex
@@ -342,6 +377,18 @@ def kill_tree(pid: int, pgid: Optional[int] = None) -> None:
             os.kill(p, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
+
+
+def uid_of(pid: int) -> Optional[int]:
+    """The real uid of a live process (None if it is gone)."""
+    try:
+        with open(f"/proc/{pid}/status", "rb") as f:
+            for line in f:
+                if line.startswith(b"Uid:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
 
 
 def become_subreaper() -> None:

@@ -56,16 +56,19 @@ def lease_dir() -> Path:
 
 
 def uids_running(uid: int) -> list[int]:
-    """Pids of live processes whose real, effective or saved uid is `uid`."""
-    out = []
+    """Pids of live processes (not zombies) whose real, effective or saved uid is `uid`."""
+    out, mine = [], str(uid).encode()
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
         try:
             with open(f"/proc/{entry}/status", "rb") as f:
+                zombie = False
                 for line in f:
-                    if line.startswith(b"Uid:"):
-                        if str(uid).encode() in line.split()[1:4]:
+                    if line.startswith(b"State:"):
+                        zombie = line.split()[1] in (b"Z", b"X")
+                    elif line.startswith(b"Uid:"):
+                        if mine in line.split()[1:4] and not zombie:
                             out.append(int(entry))
                         break
         except OSError:
