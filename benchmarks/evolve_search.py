@@ -128,12 +128,12 @@ def main() -> int:
                     raise
                 print("Ray did not start (an overloaded machine?); trying again", flush=True)
         hand_summaries.append(sweep.summary)
-        rows = store.read(sweep=run_id, columns=cols).to_pylist()
+        rows = [r for r in store.read(sweep=run_id, columns=cols).to_pylist() if r["round"] is not None]  # loop rows only
         if rows:  # a resumed run: its evaluations span more than this invocation's wall time
             span = (max(r["finished_at"] for r in rows) - min(r["started_at"] for r in rows)).total_seconds()
             loop_s += max(0.0, span - (time.monotonic() - t0))
         loop_rows += rows
-        hand_rows += store.read(sweep=f"{run_id}_hand", columns=cols).to_pylist()
+        hand_rows += [r for r in store.read(sweep=f"{run_id}_hand", columns=cols).to_pylist() if r["solution"] in hand]
         splits.update(json.loads((a.store / "_evolve" / run_id / "run.json").read_text())["split"])
     n_loop_rounds = 0
     print(f"\n{'definition':<38}{'round':>6}{'best so far':>13}")
