@@ -95,3 +95,21 @@ def test_a_failing_sanitizer_probe_is_reported_as_not_run_with_its_output(monkey
     exe, why = unavailable(deadline_s=30)
     assert exe is None and "does not work on this device" in why and "not supported" in why
     assert os.access(fake, os.X_OK)
+
+
+@pytest.mark.slow
+def test_the_runner_binds_a_c_abi_solution_to_its_definition_before_calling_it(tmp_path: Path) -> None:
+    """A c_abi entry takes pointers and var axes, so the runner must marshal it as the executor does:
+    unbound it raised CAbiArgumentError on the H200 and every sanitizer tool saw a runner failure."""
+    from fibray.compile import DeviceRequired
+    from fibray.dataset import load_dataset
+    from fibray.promote.sanitize_runner import run
+
+    repo = Path(__file__).resolve().parents[1]
+    data = load_dataset(repo / "datasets" / "llm", workload_set="cpu_small")
+    definition = data.definitions["rmsnorm_h4096"]
+    sol = data.solutions["rmsnorm_h4096_cuda_c_abi"]
+    sj = SanitizeJob(definition=definition, workload=data.workloads[definition.name][0], solution=sol,
+                     dataset_root=str(data.root), device="cpu")
+    with pytest.raises(DeviceRequired):  # bound, it gets as far as asking for the GPU this machine lacks
+        run(sj, tmp_path)

@@ -42,13 +42,13 @@ def run(job: SanitizeJob, workdir: Path) -> None:
     """Build the candidate, make its inputs, call it once, synchronise."""
     import torch
 
-    from fibray.compile import BuildCache, prepare_triton
+    from fibray.compile import BuildCache, bind, prepare_triton
     from fibray.evaluate.inputs import allocate_outputs, materialize
 
     if job.device == "cpu":
         prepare_triton()
     device = torch.device(job.device)
-    runnable = BuildCache(workdir / "builds").get(job.solution)
+    runnable = bind(BuildCache(workdir / "builds").get(job.solution), job.definition)  # c_abi marshalling
     cpu_args = materialize(job.definition, job.workload, root=Path(job.dataset_root), seed=job.seed, trial=0,
                            device=torch.device("cpu"))
     args = [a.to(device) if isinstance(a, torch.Tensor) else a for a in cpu_args]
