@@ -213,7 +213,7 @@ def load_test(svc: Service, data: Path, work: Path, args: argparse.Namespace) ->
     for t in threads:
         t.start()
     killed = None
-    while killed is None and any(t.is_alive() for t in threads):
+    while killed is None and (any(t.is_alive() for t in threads) or not all(f.done() for f in list(futures))):
         st = svc.status()
         busy = [s for s in st["slots"] if s["phase"] == "ready" and s["inflight"]]
         if busy and st["answered"] >= total // 4:
