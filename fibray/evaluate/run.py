@@ -273,7 +273,7 @@ def run_job(job: Job, judge: Judge, calls, phases: Optional[Phases] = None, gpu=
             calls.prepare_time(job)
         with gpu.hold(phase, "timing", exclusive=True):
             timing = bounded_time(lambda: calls.time(job), s, overhead, judge.device.type,
-                                  prepare=lambda: calls.prepare_time(job))
+                                  prepare=lambda: calls.prepare_time(job), clock=getattr(calls, "bound_clock", None))
     except SideFault:
         raise
     except BoundBroken as e:  # the report contradicts what this process saw: a lie about latency

@@ -87,16 +87,19 @@ def check_report(timing: Any, wall_s: float, s: EvalSettings, overhead: Overhead
 
 
 def bounded_time(time_once: Callable[[], Timing], s: EvalSettings, overhead: Optional[Overhead],
-                 device_type: str, prepare: Optional[Callable[[], None]] = None) -> Timing:
-    """Time through `time_once` under the supervisor's clock; a broken bound is retried once (a
-    hiccup of the host is not a verdict), prepared again by `prepare` so that the retry's clock
-    sees the calls alone, then raised. Without an overhead, no bound."""
+                 device_type: str, prepare: Optional[Callable[[], None]] = None,
+                 clock: Optional[Callable[[], float]] = None) -> Timing:
+    """Time through `time_once` under the supervisor's clock (`clock`, the one the overhead was
+    calibrated with: the executor's CPU time on a CPU slot, else the wall); a broken bound is
+    retried once (a hiccup of the host is not a verdict), prepared again by `prepare` so that the
+    retry's clock sees the calls alone, then raised. Without an overhead, no bound."""
+    clock = clock or _clock
     for attempt in (0, 1):
         if attempt and prepare is not None:
             prepare()
-        t0 = _clock()
+        t0 = clock()
         timing = time_once()
-        wall = _clock() - t0
+        wall = clock() - t0
         if overhead is None:
             return timing
         try:
@@ -144,9 +147,11 @@ def _calls_made(s: EvalSettings, device_type: str) -> int:
     return s.warmup + timed + (device_wide_calls(timed) if device_type == "cuda" and s.sync_device else 0)
 
 
-def calibrate(side: TimingSide, s: EvalSettings, device_type: str, finish: Callable[[Job], None]) -> Overhead:
+def calibrate(side: TimingSide, s: EvalSettings, device_type: str, finish: Callable[[Job], None],
+              clock: Optional[Callable[[], float]] = None) -> Overhead:
     """Fit fixed and per-call overhead from two honest timings of a copy kernel through `side`
-    (which must be pristine: no candidate has run in it)."""
+    (which must be pristine: no candidate has run in it), on the clock the bound will read."""
+    clock = clock or _clock
     points = []
     for iterations in (CALIBRATION_ITERATIONS[0], *CALIBRATION_ITERATIONS):  # the first warms the timer up
         job = calibration_job(s, iterations)
@@ -154,9 +159,9 @@ def calibrate(side: TimingSide, s: EvalSettings, device_type: str, finish: Calla
         if err is not None:
             raise RuntimeError(f"the timing calibration kernel did not build: {err}")
         side.prepare_time(job)
-        t0 = _clock()
+        t0 = clock()
         timing = side.time(job)
-        wall = _clock() - t0
+        wall = clock() - t0
         finish(job)
         median_s = sorted(timing.samples_ms)[len(timing.samples_ms) // 2] / 1e3
         points.append((_calls_made(job.settings, device_type), wall, median_s))

@@ -14,7 +14,7 @@ import socket
 import threading
 import time
 from contextlib import AbstractContextManager
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 
@@ -30,6 +30,7 @@ from fibray.schema import EvalSettings, Evaluation, EvaluationStatus, Job, JobRe
 from fibray.timing import Timing
 from fibray.timing.bound import Overhead, calibrate, calibration_job
 from fibray.timing.roofline import device_caps
+from fibray.workers.cpu_clock import unloaded_clock
 from fibray.workers.gpu_lock import GpuLock, LaneGpu
 from fibray.workers.process import sandbox
 from fibray.workers.spec import SlotSpec
@@ -63,8 +64,11 @@ _PHASE_OF = {"trial": "trials", "time": "timing", "prepare_time": "timing_prep"}
 class _RemoteCalls:
     """run_job's candidate side, answered by an executor process under deadlines."""
 
-    def __init__(self, ex: sandbox.Executor, job: Job, phase: Phases, quiet: Optional[Quiet] = None) -> None:
+    def __init__(self, ex: sandbox.Executor, job: Job, phase: Phases, quiet: Optional[Quiet] = None,
+                 bound_clock: Optional[Callable[[], float]] = None) -> None:
         self.ex, self.job, self.phase, self.quiet = ex, job, phase, quiet
+        self.bound_clock = bound_clock
+        """The clock the timing bound reads (the executor's CPU time on a CPU slot; None: the wall)."""
         self.run_spent = 0.0
         """Seconds the executor has spent on this job's run requests: the run deadline counts these
         only, not the time the job waited between them, nor the time it was stopped (other lanes' timings)."""
@@ -339,6 +343,14 @@ class GpuSlot:
     def _calibration_key(self, s: EvalSettings) -> tuple:
         return (s.flush_l2, s.sync_device) if self.device.type == "cuda" else ()
 
+    def _bound_clock(self, ex: sandbox.Executor) -> Optional[Callable[[], float]]:
+        """On a CPU slot the bound's clock leaves out the time a loaded host keeps the executor off a
+        core (honest reports broke the plain wall's bound on a busy machine); on a GPU slot the timed
+        window holds the GPU alone and the wall is read."""
+        if self.device.type != "cpu":
+            return None
+        return unloaded_clock(ex.executor_pid())
+
     def _overhead_for(self, s: EvalSettings, pristine: Optional[sandbox.Executor] = None) -> Overhead:
         """The per-slot timing overhead for this timing mode, calibrated once on an executor no
         candidate has used (`pristine`, or a single-use one retired after)."""
@@ -349,14 +361,14 @@ class GpuSlot:
             ex = pristine if pristine is not None else self._take_fresh()
             try:
                 first = calibration_job(s, 1)
-                calls = _RemoteCalls(ex, first, Phases(), self.quiet)
+                calls = _RemoteCalls(ex, first, Phases(), self.quiet, self._bound_clock(ex))
 
                 def finish(job: Job) -> None:
                     send(ex.conn, Request("finish", job))
                     recv(ex.conn, time.monotonic() + deadlines.HEALTH_S, ex.arena)
 
                 with self.gpu.hold(Phases(), "calibration", exclusive=True, keep=ex):
-                    self.overheads[key] = calibrate(calls, s, self.device.type, finish)
+                    self.overheads[key] = calibrate(calls, s, self.device.type, finish, calls.bound_clock)
             finally:
                 if pristine is None:
                     with self._lock:
@@ -441,7 +453,7 @@ class GpuSlot:
                          phases=phase)
 
     def _run(self, ex: sandbox.Executor, job: Job, phase: Phases) -> tuple[Optional[Evaluation], Optional[ExecutorFault]]:
-        calls = _RemoteCalls(ex, job, phase, self.quiet)
+        calls = _RemoteCalls(ex, job, phase, self.quiet, self._bound_clock(ex))
         with phase("calibration"):
             overhead = self._overhead_for(job.settings)
         try:

@@ -215,6 +215,11 @@ class Executor:
     def alive(self) -> bool:
         return self.proc.poll() is None
 
+    def executor_pid(self) -> int:
+        """The executor's own pid on the host (below the relay in a PID namespace)."""
+        kids = _children(self.pid) if self.pid_namespace else []
+        return kids[0] if kids else self.pid
+
     def started_processes(self) -> list[int]:
         """Live processes below the executor (its candidates' children and orphans), not itself."""
         tops = _children(self.pid) if self.pid_namespace else [self.pid]
