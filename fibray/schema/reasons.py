@@ -138,8 +138,7 @@ class Reason(StrEnum):
     QUARANTINED = "quarantined"
     """The solution faulted `runner.quarantine_after` times and was not run again."""
     SUPERVISOR_ERROR = "supervisor_error"
-    """The slot's supervisor raised while it ran the job (a fibray bug, or a candidate's doing): the
-    job gets this verdict and the sweep goes on."""
+    """The slot's supervisor raised while it ran the job (a fibray bug or a candidate's doing); the sweep goes on."""
 
 
 POISONING_REASONS = frozenset({Reason.ILLEGAL_MEMORY_ACCESS, Reason.DEVICE_ASSERT, Reason.CUDA_ERROR})
