@@ -441,11 +441,27 @@ def kill_executor(ex: Executor) -> None:
 
 def retire(ex: Executor, wait_s: float = deadlines.RETIRE_EXIT_S) -> None:
     """Put an executor down with its whole tree, close its channel, remove its directory."""
+    tree = descendants(ex.pid) if ex.proc.returncode is None else []
     kill_executor(ex)
     try:
         ex.proc.wait(timeout=wait_s)
     except subprocess.TimeoutExpired:
         pass
+    # with a PID namespace the executor is the launcher's child: once the launcher is gone it
+    # re-parents to us, and must be dead (and collected) before a stray reap could take it for a stray
+    deadline = time.monotonic() + wait_s
+    for pid in tree:
+        while time.monotonic() < deadline:
+            try:
+                if _stat(pid)[1] in ("Z", "X"):
+                    break
+            except (OSError, ValueError, IndexError):
+                break
+            time.sleep(0.01)
+        try:
+            os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            pass
     if ex.drainer is not None:
         ex.drainer.join(deadlines.OUTPUT_DRAIN_S)  # its last output is in the tail before anyone reads why it ended
     ex.conn.close()
