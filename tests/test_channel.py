@@ -14,9 +14,8 @@ from multiprocessing.connection import Connection
 import pytest
 import torch
 
-from fibray.evaluate.candidate import CandidateFailure, TrialOutput
-from fibray.timing import Timing
-from fibray.workers.process.channel import Arena, BadMessage, Reply, Request, recv, send
+from fibray.evaluate.candidate import CandidateFailure, TimeResult, TrialOutput
+from fibray.workers.process.channel import Arena, BadMessage, Health, Op, Reply, Request, expect, recv, recv_fds, send, send_fds
 
 
 @pytest.fixture()
@@ -57,14 +56,13 @@ def _exchange(channel, arena_size: int, rounds: int = 3):
     def executor():  # as the real one: a reply answers a request (sent once the last reply was copied out)
         for i in range(rounds):
             recv(theirs, None, trusted=True)
-            send(theirs, Reply(True, TrialOutput(outputs=[t + i if t.dtype in (torch.bfloat16, torch.int64) else t
-                                                          for t in sent])), executors)
+            send(theirs, Reply(True, [t + i if t.dtype in (torch.bfloat16, torch.int64) else t for t in sent]), executors)
 
     t = threading.Thread(target=executor)
     t.start()
     for i in range(rounds):
         send(ours, Request("trial", trial=i))
-        received.append(recv(ours, time.monotonic() + 30, mine).value.outputs)
+        received.append(recv(ours, time.monotonic() + 30, mine).value)
     t.join()
     return sent, received, executors
 
@@ -87,11 +85,41 @@ def test_a_reply_too_big_for_the_arena_goes_over_the_socket(channel):
 
 def test_other_reply_types_travel(channel):
     ours, theirs = channel
-    send(theirs, Reply(False, TrialOutput(failure=CandidateFailure("RUNTIME_ERROR", "exception", "log")), error="e"))
+    failure = CandidateFailure(status="RUNTIME_ERROR", reason="exception", log="log")
+    send(theirs, Reply(False, TrialOutput(failure=failure, draws=torch.arange(6).view(2, 3)), error="e"))
     r = recv(ours, time.monotonic() + 5)
-    assert r.value.failure.reason == "exception" and r.error == "e"
-    send(theirs, Reply(True, Timing([0.5, 0.25], "stream_events", 0.01)))
-    assert recv(ours, time.monotonic() + 5).value.samples_ms == [0.5, 0.25]
+    assert expect(r, TrialOutput).failure.reason == "exception" and r.error == "e"
+    assert torch.equal(r.value.draws, torch.arange(6).view(2, 3))
+    send(theirs, Reply(True, TimeResult(samples_ms=[0.5, 0.25], mode="stream_events", sync_overhead_ms=0.01)))
+    assert expect(recv(ours, time.monotonic() + 5), TimeResult).samples_ms == [0.5, 0.25]
+    send(theirs, Reply(True, Health(canary_ok=True, allocated=0, baseline=0)))
+    assert expect(recv(ours, time.monotonic() + 5), Health).canary_ok
+
+
+def test_a_reply_of_the_wrong_model_is_a_bad_message(channel):
+    ours, theirs = channel
+    send(theirs, Reply(True, Health(canary_ok=True, allocated=0, baseline=0)))
+    with pytest.raises(BadMessage, match="TrialOutput"):
+        expect(recv(ours, time.monotonic() + 5), TrialOutput)
+    forged = TrialOutput()
+    forged.__dict__["failure"] = Health(canary_ok=True, allocated=0, baseline=0)  # unpickling sets fields unchecked
+    send(theirs, Reply(True, forged))
+    with pytest.raises(BadMessage, match="malformed"):
+        expect(recv(ours, time.monotonic() + 5), TrialOutput)
+
+
+def test_a_file_descriptor_travels_after_its_request(channel, tmp_path):
+    ours, theirs = channel
+    path = tmp_path / "shared"
+    path.write_bytes(b"region")
+    fd = os.open(path, os.O_RDONLY)
+    send(ours, Request(Op.ATTACH))
+    send_fds(ours, [fd])
+    assert recv(theirs, None, trusted=True).op == Op.ATTACH
+    (got,) = recv_fds(theirs, 1)
+    assert got != fd and os.read(got, 6) == b"region"
+    os.close(got)
+    os.close(fd)
 
 
 class _Payload:
@@ -131,7 +159,7 @@ def test_a_tensor_reference_outside_the_arena_is_refused(channel):
     import io
 
     buf = io.BytesIO()
-    _Ref(buf, protocol=5).dump(Reply(True, TrialOutput(outputs=[torch.zeros(16)])))
+    _Ref(buf, protocol=5).dump(Reply(True, TrialOutput(draws=torch.zeros(16))))
     _forge(theirs, buf.getvalue())
     with pytest.raises(BadMessage, match="outside"):
         recv(ours, time.monotonic() + 5, arena)

@@ -139,7 +139,7 @@ def _evaluate(src: str, dps: bool = True, **settings):
     ("def run(x, k):\n    y = x * k\n    x.add_(1)\n    return y\n", False, "INCORRECT_NUMERICAL", "mutated_inputs"),
     ("def run(x, k):\n    return x.mul_(k)\n", False, "INCORRECT_NUMERICAL", "output_aliases_input"),
     ("def run(x, k, y):\n    y.copy_(x * k)\n    torch.as_strided(y, (y.numel() + 8,), (1,)).fill_(0)\n", True, "INCORRECT_NUMERICAL", "out_of_bounds_write"),
-    ("_cache = {}\ndef run(x, k, y):\n    key = x.data_ptr()\n    if key not in _cache:\n        _cache[key] = x * k\n    y.copy_(_cache[key])\n", True, "INCORRECT_NUMERICAL", "stale_output"),
+    ("_cache = {}\ndef run(x, k, y):\n    key = x.data_ptr()\n    if key not in _cache:\n        _cache[key] = x * k\n    y.copy_(_cache[key])\n", True, "INCORRECT_NUMERICAL", "wrong_while_timed"),
     ("def run(x, k):\n    return x[:]\n", False, "INCORRECT_NUMERICAL", "output_aliases_input"),
     ("def run(x, k):\n    return x * k, x\n", False, "INCORRECT_SHAPE", "wrong_output_count"),
     ("def run(x, k, y):\n    raise SystemExit(3)\n", True, "RUNTIME_ERROR", "system_exit"),

@@ -107,6 +107,12 @@ def test_honest_controls_pass_exactly_as_without_offenders(sweeps):
     assert set(mixed["status"]) == {"PASSED"}
 
 
+def test_every_row_says_the_supervisor_verified_its_memory(sweeps):
+    df = sweeps["all"]
+    ran = df.filter(df["reason"].is_null() | (df["reason"] != "quarantined"))  # quarantined jobs never ran
+    assert len(ran) and set(ran["checks"]) == {"supervisor"}
+
+
 def test_candidate_cannot_read_driver_secret_or_reach_network(sweeps):
     rows = sweeps["all"].filter(sweeps["all"]["solution"] == PROBE)
     assert set(rows["status"]) == {"PASSED"}, rows["log"].to_list()

@@ -1,88 +1,109 @@
-"""The candidate side of an evaluation: build, call on each trial's inputs, time, re-check.
+"""The candidate side of an evaluation: build, call the candidate on inputs in its job's region,
+time it, re-check it.
 
-This module runs in the process that executes untrusted code. It never sees a reference
-output and never decides a verdict: it returns what the candidate produced (outputs, its
-inputs after the call, guard-byte and aliasing facts) for the judge to check elsewhere.
-Functions it relies on are captured at import, before any candidate code can patch them.
+This module runs in the process that executes untrusted code, so nothing it says is a fact a
+verdict rests on: the candidate reads its inputs from, and writes (or this module copies) its
+outputs into, memory the supervisor owns (fibray.evaluate.memory), and the supervisor verifies
+inputs, guard bytes and outputs there. What this side reports can only fail the candidate
+(an exception, a wrong kind of output, an output that aliases an input), never pass it.
 """
 
 from __future__ import annotations
 
-import math
 import traceback
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
 import torch
+from pydantic import BaseModel, ConfigDict
 
 from fibray.compile import BuildCache, BuildError, DeviceRequired, Runnable, bind
 from fibray.check import collect_draws, draw_plan
-from fibray.evaluate.inputs import FP8_DTYPES, BlobCache, job_inputs, poison_, torch_dtype
-from fibray.schema import Definition, Job
+from fibray.evaluate.inputs import allocate_outputs, torch_dtype
+from fibray.evaluate.memory import Layout, Region, apply_bump, args_of, bump_groups, outputs_of
 from fibray.evaluate.phases import Phases
-from fibray.timing import Timing, time_calls
-from fibray.timing.timer import calls_after_warmup
 from fibray.schema.reasons import Reason
+from fibray.schema import Definition, Job
+from fibray.timing import time_calls
 
-_equal = torch.equal
-_clone = torch.Tensor.clone
+_copy = torch.Tensor.copy_
 _storage = torch.Tensor.untyped_storage
 _storage_ptr = torch.UntypedStorage.data_ptr
 _storage_nbytes = torch.UntypedStorage.nbytes
 _sync = torch.cuda.synchronize
-_foreach_add = torch._foreach_add_
 _isinstance = isinstance
-_GUARD_BYTES = 4096
-_GUARD_PATTERN = 0xA5
-_TIMING_BUDGET_BYTES = 1 << 30  # distinct input sets kept for timing: at most this many bytes...
-_TIMING_MAX_SETS = 16           # ...and this many sets; revisited sets are perturbed before each call
+_type = type
+_Tensor = torch.Tensor
 
 
-@dataclass
-class CandidateFailure:
-    """The candidate raised or misbehaved in a way its own process can tell."""
+class CandidateFailure(BaseModel):
+    """The candidate raised or misbehaved in a way its own process can tell (it can only fail itself)."""
 
     status: str
     reason: str
     log: str
 
 
-@dataclass
-class TrialOutput:
-    """What one call produced, for the judge."""
+class TrialOutput(BaseModel):
+    """What one call left besides its outputs (which are in the job's region)."""
 
-    outputs: list[Any] = field(default_factory=list)
+    model_config = ConfigDict(arbitrary_types_allowed=True)
     failure: Optional[CandidateFailure] = None
     draws: Optional[torch.Tensor] = None
     """[n, batch] first outputs of repeated calls, for checkers that judge many draws (sampling)."""
 
 
+class TimeResult(BaseModel):
+    """A timing's samples as the executor took them, or why the timed calls failed."""
+
+    samples_ms: list[float] = []
+    mode: str = "wall_clock"
+    """wall_clock | stream_events | device_sync, +adaptive (see fibray.timing)."""
+    sync_overhead_ms: float = 0.0
+    called: list[int] = []
+    """Indices of the timed calls made, in order (an adaptive timing stops early; its device-wide
+    pass numbers on from the planned count). The supervisor replays the input changes of exactly
+    these calls and judges what they left: a false list fails the job."""
+    failure: Optional[CandidateFailure] = None
+
+
+class TimingPlan(BaseModel):
+    """What the supervisor decides about a timing: calls per input set, and the secret column each
+    timed call changes in every row of every floating-point input of its set."""
+
+    iterations: int
+    offsets: list[int]
+    """One per timed call, both passes (calls_after_warmup)."""
+
+
+def _failure(status: str, reason: str, log: str) -> TrialOutput:
+    return TrialOutput(failure=CandidateFailure(status=status, reason=reason, log=log))
+
+
 @dataclass
-class _TimingPlan:
+class _Drawn:
+    """One private call's outputs, for the draws of a sampling checker."""
+
+    outputs: list[Any]
+    failure: Optional[CandidateFailure] = None
+
+
+@dataclass
+class _Plan:
     runnable: Runnable
     arg_sets: list[list[Any]]
     iterations: int
+    calls: int
     bumps: list[list[tuple[list[torch.Tensor], Any]]]
-    """Per timed call: groups of one-element views of the call's inputs and what to add to them."""
+    outs: list[list[torch.Tensor]]
+    snaps: list[list[torch.Tensor]]
 
 
-def _bumps(arg_sets: list[list[Any]], calls: int) -> list[list[tuple[list[torch.Tensor], Any]]]:
-    """For timed call i (on set i % n): element 0 and element (i * 7919) mod size of each of the
-    set's floating-point inputs, grouped by dtype so that one fused add per group changes them.
-    fp8 has no arithmetic in torch: its values change through their bytes (+1 in the lowest bits)."""
-    flats = [[a.view(-1) if a.dtype not in FP8_DTYPES else a.view(-1).view(torch.uint8)
-              for a in args if _isinstance(a, torch.Tensor) and a.is_floating_point() and a.numel()]
-             for args in arg_sets]
-    plan = []
-    for i in range(calls):
-        groups: dict[torch.dtype, list[torch.Tensor]] = {}
-        for flat in flats[i % len(arg_sets)]:
-            k = (i * 7919) % flat.numel()
-            groups.setdefault(flat.dtype, []).extend((flat.narrow(0, 0, 1),) if k == 0 else
-                                                     (flat.narrow(0, 0, 1), flat.narrow(0, k, 1)))
-        plan.append([(views, 1 if dtype == torch.uint8 else 1.0) for dtype, views in groups.items()])
-    return plan
+class _TimedCallFailed(Exception):
+    def __init__(self, failure: CandidateFailure) -> None:
+        super().__init__(failure.reason)
+        self.failure = failure
 
 
 def classify_exception(e: BaseException) -> tuple[str, str]:
@@ -128,40 +149,6 @@ def _raised_in_triton_frontend(chain: list[BaseException]) -> bool:
 
 
 
-def _overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
-    if a.device != b.device:
-        return False
-    sa, sb = _storage(a), _storage(b)
-    a0, b0 = _storage_ptr(sa), _storage_ptr(sb)
-    return a0 < b0 + _storage_nbytes(sb) and b0 < a0 + _storage_nbytes(sa)
-
-
-class _Guarded:
-    """Destination buffers with guard bytes on both sides and a poisoned (NaN/max) body."""
-
-    def __init__(self, definition: Definition, axes: dict[str, int], device: torch.device) -> None:
-        self.buffers: list[torch.Tensor] = []
-        self.outputs: list[torch.Tensor] = []
-        for spec in definition.outputs.values():
-            dtype = torch_dtype(spec.dtype)
-            shape = definition.shape_of(spec, axes) or ()
-            numel = math.prod(shape)
-            g = _GUARD_BYTES // torch.empty((), dtype=dtype).element_size()
-            buf = torch.empty(numel + 2 * g, dtype=dtype, device=device)
-            buf.view(torch.uint8).fill_(_GUARD_PATTERN)
-            self.buffers.append(buf)
-            self.outputs.append(poison_(buf[g:g + numel].view(shape)))
-
-    def intact(self) -> bool:
-        for buf, out in zip(self.buffers, self.outputs):
-            raw = buf.view(torch.uint8)
-            g = _GUARD_BYTES
-            expected = torch.full((g,), _GUARD_PATTERN, dtype=torch.uint8, device=buf.device)
-            if not (_equal(raw[:g], expected) and _equal(raw[raw.numel() - g:], expected)):
-                return False
-        return True
-
-
 def normalize_outputs(result: Any, definition: Definition) -> list[Any]:
     """Turn a value-returning result (tensor, tuple, list, dict, scalar) into outputs in order."""
     names = list(definition.outputs)
@@ -189,17 +176,52 @@ def _format_exc(e: BaseException) -> str:
     return "".join(traceback.format_exception(e))
 
 
+
+
+def _overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
+    if a.device != b.device:
+        return False
+    sa, sb = _storage(a), _storage(b)
+    a0, b0 = _storage_ptr(sa), _storage_ptr(sb)
+    return a0 < b0 + _storage_nbytes(sb) and b0 < a0 + _storage_nbytes(sa)
+
+
+def _placed(definition: Definition, args: list[Any], outputs: list[Any], dsts: list[torch.Tensor]) -> Optional[CandidateFailure]:
+    """Copy a value-returning call's outputs into the supervisor's buffers, after checking each is a
+    plain tensor of the declared shape, dtype and device that shares no memory with an input."""
+    for name, o, dst in zip(definition.outputs, outputs, dsts):
+        if not _isinstance(o, _Tensor):
+            return CandidateFailure(status="INCORRECT_SHAPE", reason=Reason.NOT_A_TENSOR,
+                                    log=f"output {name!r}: got {_type(o).__name__}, expected a tensor")
+        if _type(o) is not _Tensor:
+            return CandidateFailure(status="INCORRECT_SHAPE", reason=Reason.NOT_A_PLAIN_TENSOR,
+                                    log=f"output {name!r} is a {_type(o).__name__}, not a plain torch.Tensor")
+        if tuple(o.shape) != tuple(dst.shape):
+            return CandidateFailure(status="INCORRECT_SHAPE", reason=Reason.WRONG_SHAPE,
+                                    log=f"output {name!r}: shape {tuple(o.shape)}, expected {tuple(dst.shape)}")
+        if o.dtype != dst.dtype:
+            return CandidateFailure(status="INCORRECT_DTYPE", reason=Reason.WRONG_DTYPE,
+                                    log=f"output {name!r}: dtype {o.dtype}, expected {dst.dtype}")
+        if o.device != dst.device and not (o.dim() == 0 and o.device.type == "cpu"):
+            return CandidateFailure(status="INCORRECT_SHAPE", reason=Reason.WRONG_DEVICE,
+                                    log=f"output {name!r} is on {o.device}, expected {dst.device}")
+        if o.numel() and any(_isinstance(a, _Tensor) and a.numel() and _overlaps(o, a) for a in args):
+            return CandidateFailure(status="INCORRECT_NUMERICAL", reason=Reason.OUTPUT_ALIASES_INPUT,
+                                    log=f"output {name!r} shares memory with an input")
+        _copy(dst, o)
+    return None
+
+
 class CandidateRunner:
-    """Runs one candidate's calls in this process and reports facts, not verdicts."""
+    """Runs one candidate's calls in this process on views of its job's region; reports failures, not verdicts."""
 
     def __init__(self, workdir: Path, device: torch.device) -> None:
         self.device = device
         self.builds = BuildCache(Path(workdir) / "builds")
-        self.blobs = BlobCache()
-        self._sets: dict[str, list[list[Any]]] = {}
-        self._plans: dict[str, _TimingPlan] = {}
+        self._regions: dict[str, tuple[Layout, Region]] = {}
+        self._plans: dict[str, _Plan] = {}
         self.clock = Phases()
-        """Seconds in inputs, the call itself and the checks of it, since the caller last took them."""
+        """Seconds in the call itself and the copies after it, since the caller last took them."""
 
     def build(self, job: Job) -> Optional[BuildError]:
         try:
@@ -208,132 +230,151 @@ class CandidateRunner:
         except BuildError as e:
             return e
 
-    def _inputs(self, job: Job, trial: int) -> list[Any]:
-        return job_inputs(job, trial, self.device, self.blobs)
+    def attach(self, job: Job, layout: Layout, region: Region) -> None:
+        """The job's region, mapped in this process (the supervisor filled it)."""
+        self._regions[job.job_id] = (layout, region)
 
-    def call(self, runnable: Runnable, job: Job, args: list[Any], axes: Optional[dict[str, int]] = None) -> TrialOutput:
-        """Call the candidate once on args (kept alive by the caller). Inputs are compared with
-        a copy taken before the call here, with functions captured at import: sending them back
-        to the judge would cost a device-to-host round trip of every input on every call."""
+    def _views(self, job: Job, s: int, k: int) -> tuple[list[Any], list[torch.Tensor]]:
+        layout, region = self._regions[job.job_id]
+        return args_of(region, layout.inputs[s]), outputs_of(region, layout.outputs[k])
+
+    def call(self, runnable: Runnable, job: Job, args: list[Any], outs: list[torch.Tensor]) -> TrialOutput:
+        """Call the candidate once; its outputs end in `outs` (the supervisor's buffers)."""
         clock = self.clock
-        with clock("executor_verify"):
-            before = [(i, _clone(a)) for i, a in enumerate(args) if _isinstance(a, torch.Tensor)]
         try:
             with clock("executor_call"), torch.no_grad():
-                if runnable.destination_passing_style:
-                    guarded = _Guarded(job.definition, axes or job.workload.axes, self.device)
-                    runnable(*args, *guarded.outputs)
-                    outputs = guarded.outputs
-                else:
-                    guarded = None
-                    outputs = normalize_outputs(runnable(*args), job.definition)
+                result = runnable(*args, *outs) if runnable.destination_passing_style else runnable(*args)
                 if self.device.type == "cuda":
                     _sync(self.device)
+            if not runnable.destination_passing_style:
+                with clock("executor_verify"):
+                    failure = _placed(job.definition, args, normalize_outputs(result, job.definition), outs)
+                    if self.device.type == "cuda":
+                        _sync(self.device)
+                if failure is not None:
+                    return TrialOutput(failure=failure)
         except WrongOutputs as e:
-            return TrialOutput(failure=CandidateFailure("INCORRECT_SHAPE", Reason.WRONG_OUTPUT_COUNT, str(e)))
+            return _failure("INCORRECT_SHAPE", Reason.WRONG_OUTPUT_COUNT, str(e))
         except BaseException as e:  # the candidate may raise anything, SystemExit included
             status, reason = classify_exception(e)
-            return TrialOutput(failure=CandidateFailure(status, reason, _format_exc(e)))
-        with clock("executor_verify"):
-            return self._verify(job, args, outputs, guarded, before)
+            return _failure(status, reason, _format_exc(e))
+        return TrialOutput()
 
-    def _verify(self, job: Job, args: list[Any], outputs: list[Any], guarded: Optional[_Guarded],
-                before: list[tuple[int, torch.Tensor]]) -> TrialOutput:
-        """Facts about a call that returned: guard bytes intact, no output aliasing an input, inputs unchanged."""
-        if guarded is not None and not guarded.intact():
-            return TrialOutput(failure=CandidateFailure("INCORRECT_NUMERICAL", Reason.OUT_OF_BOUNDS_WRITE,
-                                                        "bytes around an output buffer were overwritten"))
-        names = list(job.definition.outputs)
-        for name, out in zip(names, outputs):
-            if _isinstance(out, torch.Tensor) and out.numel() and any(
-                _isinstance(a, torch.Tensor) and a.numel() and _overlaps(out, a) for a in args
-            ):
-                return TrialOutput(failure=CandidateFailure("INCORRECT_NUMERICAL", Reason.OUTPUT_ALIASES_INPUT,
-                                                            f"output {name!r} shares memory with an input"))
-        inputs = list(job.definition.inputs)
-        for i, copy in before:
-            after = args[i]
-            if not _isinstance(after, torch.Tensor) or after.shape != copy.shape or not _equal(after, copy):
-                return TrialOutput(failure=CandidateFailure("INCORRECT_NUMERICAL", Reason.MUTATED_INPUTS,
-                                                            f"input {inputs[i]!r} was modified by the call"))
-        return TrialOutput(outputs=list(outputs))
+    def _private_call(self, runnable: Runnable, job: Job, args: list[Any], axes: dict[str, int]) -> _Drawn:
+        """A call on inputs this side made (the tiled draws of a sampling checker), outputs kept here."""
+        try:
+            with torch.no_grad():
+                if runnable.destination_passing_style:
+                    outs = allocate_outputs(job.definition, axes, self.device)
+                    runnable(*args, *outs)
+                else:
+                    outs = normalize_outputs(runnable(*args), job.definition)
+                if self.device.type == "cuda":
+                    _sync(self.device)
+            return _Drawn(outputs=list(outs))
+        except WrongOutputs as e:
+            return _Drawn([], CandidateFailure(status="INCORRECT_SHAPE", reason=Reason.WRONG_OUTPUT_COUNT, log=str(e)))
+        except BaseException as e:
+            status, reason = classify_exception(e)
+            return _Drawn([], CandidateFailure(status=status, reason=reason, log=_format_exc(e)))
 
     def trial(self, job: Job, trial: int) -> TrialOutput:
-        """Fresh inputs for this trial (kept for timing), one call."""
+        """One call on trial `trial`'s input set, into its output set."""
         try:
             runnable = bind(self.builds.get(job.solution), job.definition)
         except BuildError as e:
-            return TrialOutput(failure=CandidateFailure("COMPILE_ERROR", e.reason, str(e)))
-        with self.clock("executor_inputs"):
-            args = self._inputs(job, trial)
-        self._sets.setdefault(job.job_id, []).append(args)
-        out = self.call(runnable, job, args)
+            return _failure("COMPILE_ERROR", e.reason, str(e))
+        args, outs = self._views(job, trial, trial)
+        out = self.call(runnable, job, args, outs)
         plan = draw_plan(job.definition, args)
         if out.failure is None and plan is not None:  # a stochastic output is judged over many calls
             drawn = collect_draws(job.definition, plan, args, job.workload.axes,
-                                  lambda a, ax: self.call(runnable, job, a, ax))
+                                  lambda a, ax: self._private_call(runnable, job, a, ax))
             if not _isinstance(drawn, torch.Tensor):
-                return drawn
+                return TrialOutput(failure=drawn.failure)
             out.draws = drawn
         return out
 
-    def prepare_time(self, job: Job) -> None:
-        """Everything timing needs that is not the timed calls (further input sets, output buffers,
-        the values to change between calls), made while the GPU is shared so that the exclusive
-        section holds only the calls themselves. It returns with its GPU work done, like a trial
-        call: none of it may still run when another lane's timing starts."""
-        self._plans[job.job_id] = self._timing_plan(job)
+    def prepare_time(self, job: Job, timing: TimingPlan) -> None:
+        """Views for every timed call (its input set, the columns to change, its own output buffers),
+        made while the GPU is shared so that the exclusive section holds only the calls. It returns
+        with its GPU work done: none of it may still run when another lane's timing starts."""
+        layout, region = self._regions[job.job_id]
+        runnable = bind(self.builds.get(job.solution), job.definition)
+        arg_sets = [args_of(region, row) for row in layout.inputs]
+        calls = len(timing.offsets)
+        bumps = [bump_groups(arg_sets[i % len(arg_sets)], timing.offsets[i]) for i in range(calls)]
+        outs = [outputs_of(region, layout.outputs[k]) for k in layout.timed]
+        snaps = [outputs_of(region, layout.outputs[k]) for k in layout.snapshots]
+        if runnable.destination_passing_style:
+            scratch = outputs_of(region, layout.outputs[layout.scratch])
+            arg_sets = [[*a, *scratch] for a in arg_sets]
+        self._plans[job.job_id] = _Plan(runnable, arg_sets, timing.iterations, calls, bumps, outs, snaps)
         if self.device.type == "cuda":
             _sync(self.device)
 
-    def _timing_plan(self, job: Job) -> _TimingPlan:
-        runnable = bind(self.builds.get(job.solution), job.definition)
-        s = job.settings
-        sets = self._sets.get(job.job_id) or [self._inputs(job, 0)]
-        per_set = sum(a.numel() * a.element_size() for a in sets[0] if _isinstance(a, torch.Tensor)) or 1
-        extra = min(s.iterations * len(sets), _TIMING_MAX_SETS, _TIMING_BUDGET_BYTES // per_set) - len(sets)
-        base = s.trials + 1  # trial indices past the checked ones and the re-check
-        arg_sets = [list(a) for a in sets] + [self._inputs(job, base + i) for i in range(max(0, extra))]
-        iterations = max(1, -(-s.iterations * len(sets) // len(arg_sets)))
-        bumps = _bumps(arg_sets, calls_after_warmup(iterations, len(arg_sets), self.device, s.sync_device))
-        if runnable.destination_passing_style:
-            outs = [_Guarded(job.definition, job.workload.axes, self.device).outputs for _ in arg_sets]
-            arg_sets = [[*a, *o] for a, o in zip(arg_sets, outs)]
-        return _TimingPlan(runnable, arg_sets, iterations, bumps)
+    def time(self, job: Job) -> TimeResult:
+        """Time the candidate: before timed call i (untimed) the columns of call i change in its input
+        set and its own output buffers go in place; as call i+1 is prepared, call i's outputs are
+        copied where the supervisor reads them (a value-returning call's result; a DPS call's buffers
+        into their snapshot, on a CPU), so that what the supervisor judges is what existed at the end mark."""
+        plan = self._plans[job.job_id]  # kept: a timing the supervisor doubts is run again
+        s, dps, k = job.settings, plan.runnable.destination_passing_style, len(plan.outs)
+        n_in, n_sets = len(job.definition.inputs), len(plan.arg_sets)
+        last: list[Any] = [None]
+        called: list[int] = []
 
-    def time(self, job: Job) -> Timing:
-        """Time the candidate over rotating input sets. Every set was seen before (in the trials
-        or the warm-up) or is revisited, so each timed call first changes a few values of every
-        floating-point input: no call sees inputs it has seen."""
-        plan = self._plans.pop(job.job_id, None) or self._timing_plan(job)
-        s, bumps = job.settings, plan.bumps
+        def store(i: int) -> None:
+            b = i % k
+            if dps:
+                if plan.snaps:
+                    for src, dst in zip(plan.outs[b], plan.snaps[b]):
+                        _copy(dst, src)
+                return
+            try:
+                failure = _placed(job.definition, plan.arg_sets[i % n_sets], normalize_outputs(last[0], job.definition),
+                                  plan.outs[b])
+            except WrongOutputs as e:
+                failure = CandidateFailure(status="INCORRECT_SHAPE", reason=Reason.WRONG_OUTPUT_COUNT, log=str(e))
+            last[0] = None
+            if failure is not None:
+                raise _TimedCallFailed(failure)
 
         def before_each(i: int) -> None:
-            for views, one in bumps[i]:
-                _foreach_add(views, one)
+            if called:
+                store(called[-1])
+            called.append(i)
+            apply_bump(plan.bumps[i])
+            if dps:
+                plan.arg_sets[i % n_sets][n_in:] = plan.outs[i % k]
 
-        with torch.no_grad():
-            return time_calls(plan.runnable, plan.arg_sets, warmup=s.warmup, iterations=plan.iterations,
-                              device=self.device, flush_l2=s.flush_l2, sync_device=s.sync_device, before_each=before_each,
-                              adaptive=s.timing == "adaptive")
+        def keep(*args: Any) -> None:
+            last[0] = plan.runnable(*args)
+
+        try:
+            with torch.no_grad():
+                timing = time_calls(plan.runnable if dps else keep, plan.arg_sets, warmup=s.warmup,
+                                    iterations=plan.iterations, device=self.device, flush_l2=s.flush_l2,
+                                    sync_device=s.sync_device, before_each=before_each,
+                                    adaptive=s.timing == "adaptive")
+                if called:
+                    store(called[-1])
+                if self.device.type == "cuda":
+                    _sync(self.device)
+        except _TimedCallFailed as e:
+            return TimeResult(failure=e.failure)
+        return TimeResult(samples_ms=timing.samples_ms, mode=timing.mode, sync_overhead_ms=timing.sync_overhead_ms,
+                          called=called)
 
     def recheck(self, job: Job) -> TrialOutput:
-        """Write a fresh trial's values into the first input buffers in place and call again:
+        """A call on the first input set after the supervisor wrote new values into it in place:
         a candidate that caches by buffer address or a weak fingerprint returns a stale answer."""
         runnable = bind(self.builds.get(job.solution), job.definition)
-        sets = self._sets.get(job.job_id)
-        with self.clock("executor_inputs"):
-            fresh = self._inputs(job, job.settings.trials)
-            if sets:
-                args = sets[0]
-                for i, (old, new) in enumerate(zip(args, fresh)):
-                    if _isinstance(old, torch.Tensor):
-                        old.copy_(new)
-                    else:
-                        args[i] = new
-        return self.call(runnable, job, args if sets else fresh)
+        layout, _ = self._regions[job.job_id]
+        args, outs = self._views(job, 0, layout.recheck)
+        return self.call(runnable, job, args, outs)
 
     def finish(self, job: Job) -> None:
-        """Drop what was kept for this job."""
-        self._sets.pop(job.job_id, None)
+        """Drop what was kept for this job (the region is unmapped by whoever mapped it)."""
         self._plans.pop(job.job_id, None)
+        self._regions.pop(job.job_id, None)

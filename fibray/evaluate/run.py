@@ -9,29 +9,37 @@ candidate's failure becomes an Evaluation with a status and a reason.
 
 from __future__ import annotations
 
+import math
+import secrets
 import threading
 from collections import OrderedDict
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import torch
 
 from fibray.compile import build_reference, prepare_triton
-from fibray.evaluate.candidate import CandidateRunner, TrialOutput, normalize_outputs
+from fibray.evaluate.candidate import CandidateRunner, TimeResult, TimingPlan, TrialOutput, normalize_outputs
 from fibray.check import CheckResult, Draws, Tolerance, checker_for, wants_draws
+from fibray.check.base import structural
+from fibray.evaluate.memory import (
+    TIMED_OUTPUT_BYTES, TIMING_BUDGET_BYTES, TIMING_MAX_SETS, GUARD_BYTES, JobMemory, LocalRegion, Region,
+    apply_bump, bump_groups, draw_offsets, judged_calls, plan_layout, sample_size,
+)
 from fibray.evaluate.inputs import BlobCache, InputError, clone_args, job_inputs, torch_dtype
+from fibray.schema.reasons import Reason
 from fibray.schema import (
     Correctness, Definition, Environment, EvalSettings, Evaluation, EvaluationStatus, Job, Performance,
 )
 from fibray.evaluate.environment import default_device, environment
 from fibray.evaluate.phases import Phases, now_iso
 from fibray.timing import LatencyStats, Timing, time_calls
-from fibray.schema.reasons import Reason
 from fibray.timing.bound import BoundBroken, Overhead, bounded_time
 from fibray.timing.roofline import DeviceCaps, below_floor, device_caps
+from fibray.timing.timer import calls_after_warmup
 
 Status = EvaluationStatus
 
@@ -46,6 +54,15 @@ def bound_log(text: str, limit: int) -> str:
 
 
 @dataclass
+class _Timed:
+    """What a workload's timed calls made must have produced: the reference outputs of every call
+    whose outputs the supervisor can judge, and every input set as it must be after the last call."""
+
+    refs: dict[int, list[torch.Tensor]]
+    final: list[list[Any]]
+
+
+@dataclass
 class _WorkloadState:
     """Inputs and reference outputs of one workload: trials 0..n-1 and the re-check set n."""
 
@@ -55,13 +72,43 @@ class _WorkloadState:
     ref_job: Optional[str] = None
     """The job whose evaluation timed `ref_stats`."""
     nbytes: int = 0
+    extra: list[list[Any]] = field(default_factory=list)
+    """Further input sets for timing (trial indices past the re-check set)."""
+    offsets: list[int] = field(default_factory=list)
+    """The secret column each timed call changes (drawn once per workload, here, never by an executor)."""
+    timed: dict[tuple, _Timed] = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+@dataclass
+class _JobPlan:
+    """How one job's timing is laid out: input sets, calls per set, timed calls (both passes)."""
+
+    sets: int
+    iterations: int
+    calls: int
+    """Timed calls planned (both passes); an adaptive timing makes fewer."""
+    offsets: list[int]
+
+
+def _nbytes(args: list[Any]) -> int:
+    return sum(a.numel() * a.element_size() for a in args if isinstance(a, torch.Tensor))
+
+
+def _local(size: int, device: torch.device) -> Region:
+    return LocalRegion(size, device)
 
 
 class Judge:
     """Holds references and decides verdicts; never runs candidate code."""
 
-    def __init__(self, workdir: Path, device: torch.device, env: Environment, cache_bytes: int = 2 << 30) -> None:
+    def __init__(self, workdir: Path, device: torch.device, env: Environment, cache_bytes: int = 2 << 30,
+                 regions: Optional[Callable[[int, torch.device], Region]] = None, region_kind: Optional[str] = None) -> None:
         self.workdir, self.device, self.env = Path(workdir), device, env
+        self.regions = regions or _local
+        """Allocates a job's region: plain memory in this process by default; a slot passes host shared
+        memory (CPU) or CUDA VMM (GPU), which its executors map."""
+        self.region_kind = region_kind or "local"
         self.blobs = BlobCache()
         self._refs: dict[str, Any] = {}
         self._workloads: OrderedDict[tuple, _WorkloadState] = OrderedDict()
@@ -137,18 +184,139 @@ class Judge:
         )
         return tol, (c.kind if c else "elementwise")
 
-    def check(self, job: Job, state: _WorkloadState, trial: int, out: TrialOutput) -> CheckResult:
-        """Judge one call: the candidate's own failure (mutated inputs included), then the numerical checker."""
+    # -- the job's memory and what the supervisor verifies in it ----------------------------
+    def open(self, job: Job, state: _WorkloadState) -> tuple[JobMemory, _JobPlan]:
+        """Allocate the job's region, write every input set into it and poison every output buffer.
+        Timing uses the trials' sets and further ones (at most TIMING_MAX_SETS, TIMING_BUDGET_BYTES);
+        each timed call writes its own output buffers while they fit in TIMED_OUTPUT_BYTES."""
+        s, d = job.settings, job.definition
+        trials = state.inputs[: s.trials]
+        per_set = _nbytes(trials[0]) or 1
+        extra = max(0, min(s.iterations * s.trials, TIMING_MAX_SETS, TIMING_BUDGET_BYTES // per_set) - s.trials)
+        with state.lock:
+            while len(state.extra) < extra:  # trial indices past the checked ones and the re-check
+                state.extra.append(self._materialise_set(job, s.trials + 1 + len(state.extra)))
+        sets = [*trials, *state.extra[:extra]]
+        iterations = max(1, -(-s.iterations * len(trials) // len(sets)))
+        calls = calls_after_warmup(iterations, len(sets), self.device, s.sync_device)
+        specs = [(torch_dtype(o.dtype), tuple(d.shape_of(o, job.workload.axes) or ())) for o in d.outputs.values()]
+        out_bytes = sum(math.prod(shape) * torch.empty((), dtype=dt).element_size() + 2 * GUARD_BYTES for dt, shape in specs)
+        dps = job.solution.spec.destination_passing_style
+        snapshots = dps and self.device.type == "cpu"
+        buffers = min(calls, max(1, TIMED_OUTPUT_BYTES // (out_bytes * (2 if snapshots else 1))))
+        layout = plan_layout(self.region_kind, str(self.device), sets, specs, s.trials, dps, buffers, snapshots)
+        mem = JobMemory(self.regions(layout.size, self.device), layout, self.device)
+        try:
+            for i, values in enumerate(sets):
+                mem.write_inputs(i, values)
+            mem.prepare_outputs(list(range(len(layout.outputs))))
+            mem.settle()
+        except BaseException:
+            mem.close()
+            raise
+        with state.lock:
+            while len(state.offsets) < calls:
+                state.offsets.extend(draw_offsets(calls - len(state.offsets)))
+            offsets = state.offsets[:calls]
+        return mem, _JobPlan(sets=len(sets), iterations=iterations, calls=calls, offsets=offsets)
+
+    def _materialise_set(self, job: Job, trial: int) -> list[Any]:
+        return job_inputs(job, trial, self.device, self.blobs)
+
+    def _timed(self, job: Job, state: _WorkloadState, mem: JobMemory, sets: list[list[Any]], called: list[int]) -> _Timed:
+        """The reference of every judged timed call, computed here on this side's own copy of the
+        input sets changed exactly as the calls made must have changed them (cached per workload)."""
+        buffers = len(mem.layout.timed)
+        key = (len(sets), buffers, tuple(called))
+        with state.lock:
+            if key in state.timed:
+                return state.timed[key]
+            ref = self._reference(job.definition)
+            judged = set(judged_calls(called, buffers).values())
+            work = [clone_args(a) for a in sets]
+            refs: dict[int, list[torch.Tensor]] = {}
+            for i in called:
+                args = work[i % len(work)]
+                apply_bump(bump_groups(args, state.offsets[i]))
+                if i in judged:
+                    with torch.no_grad():
+                        out = normalize_outputs(ref(*clone_args(args)), job.definition)
+                    refs[i] = [torch.as_tensor(o).to(self.device, torch_dtype(spec.dtype))
+                               for o, spec in zip(out, job.definition.outputs.values())]
+            timed = state.timed[key] = _Timed(refs=refs, final=work)
+            state.nbytes += sum(_nbytes(r) for r in refs.values()) + sum(_nbytes(w) for w in work)
+        return timed
+
+    def check_call(self, job: Job, mem: JobMemory, s_index: int, k: int, inputs: list[Any], refs: list[torch.Tensor],
+                   out: TrialOutput) -> CheckResult:
+        """Judge one call on the supervisor's own mapping: what the executor said against itself,
+        guard bytes, inputs byte for byte, then the outputs with the numerical checker."""
         if out.failure is not None:
             f = out.failure
             return CheckResult(status=Status(f.status), reason=f.reason, message=f.log)
+        if not mem.guards_intact(k):
+            return CheckResult(Status.INCORRECT_NUMERICAL, Reason.OUT_OF_BOUNDS_WRITE, "bytes around an output buffer were overwritten")
+        changed = mem.changed_input(s_index, inputs)
+        if changed is not None:
+            name = list(job.definition.inputs)[changed]
+            return CheckResult(Status.INCORRECT_NUMERICAL, Reason.MUTATED_INPUTS, f"input {name!r} was modified by the call")
         tol, kind = self.tolerance(job)
-        outputs = [o.to(self.device) if isinstance(o, torch.Tensor) else o for o in out.outputs]
         checker = checker_for(kind)
         if wants_draws(checker):  # a stochastic output (sampling) is judged over many draws
-            draws = Draws(job.definition, state.inputs[trial], out.draws)
-            return checker(outputs, state.refs[trial], list(job.definition.outputs), tol, draws=draws)
-        return checker(outputs, state.refs[trial], list(job.definition.outputs), tol)
+            return checker(mem.outputs(k), refs, list(job.definition.outputs), tol, draws=Draws(job.definition, inputs, out.draws))
+        return checker(mem.outputs(k), refs, list(job.definition.outputs), tol)
+
+    def unchanged_sets(self, job: Job, mem: JobMemory, expected: list[list[Any]], what: str) -> CheckResult:
+        """Every input set of the region against what it must hold."""
+        for j, values in enumerate(expected):
+            changed = mem.changed_input(j, values)
+            if changed is not None:
+                name = list(job.definition.inputs)[changed]
+                return CheckResult(Status.INCORRECT_NUMERICAL, Reason.MUTATED_INPUTS, f"input {name!r} of set {j} {what}")
+        return CheckResult()
+
+    def check_timed(self, job: Job, state: _WorkloadState, mem: JobMemory, plan: _JobPlan, sets: list[list[Any]],
+                    result: TimeResult) -> CheckResult:
+        """After a timing: every input set as the changes of the calls made left it, and the outputs
+        of a sample of the timed calls (sample_size of them, drawn now, after the calls) against their
+        references, guard bytes and (CPU, DPS) the copy taken as each call returned."""
+        if result.failure is not None:
+            f = result.failure
+            return CheckResult(status=Status(f.status), reason=f.reason, message=f"in a timed call: {f.log}")
+        called = result.called
+        if not called or any(b <= a for a, b in zip(called, called[1:])) or called[-1] >= plan.calls or called[0] < 0:
+            return CheckResult(Status.RUNTIME_ERROR, Reason.BAD_TIMING_REPORT,
+                               f"the executor's list of timed calls made is not increasing indices below {plan.calls}")
+        layout = mem.layout
+        timed = self._timed(job, state, mem, sets, called)
+        bad = self.unchanged_sets(job, mem, timed.final, "differs from what the changes between timed calls leave")
+        if not bad.ok:
+            return bad
+        tol, kind = self.tolerance(job)
+        checker, names = checker_for(kind), list(job.definition.outputs)
+        judged = judged_calls(called, len(layout.timed))
+        verdict = CheckResult()
+        for b in sorted(secrets.SystemRandom().sample(sorted(judged), sample_size(len(judged)))):
+            call, k = judged[b], layout.timed[b]
+            if not mem.guards_intact(k):
+                return CheckResult(Status.INCORRECT_NUMERICAL, Reason.OUT_OF_BOUNDS_WRITE,
+                                   f"bytes around an output buffer of timed call {call} were overwritten")
+            outs = mem.outputs(k)
+            if layout.snapshots:
+                snap = mem.outputs(layout.snapshots[b])
+                if not all(torch.equal(a.reshape(-1).view(torch.uint8), c.reshape(-1).view(torch.uint8)) for a, c in zip(outs, snap)):
+                    return CheckResult(Status.INCORRECT_NUMERICAL, Reason.OUTPUT_CHANGED_AFTER_RETURN,
+                                       f"the outputs of timed call {call} changed after the call returned")
+            if wants_draws(checker):  # random outputs: judged over draws in the trials; here their shape and kind
+                one = next((r for r in (structural(o, ref, n) for o, ref, n in zip(outs, timed.refs[call], names)) if r), None)
+                one = one or CheckResult()
+            else:
+                one = checker(outs, timed.refs[call], names, tol)
+            if not one.ok:
+                return CheckResult(one.status, Reason.WRONG_WHILE_TIMED, f"timed call {call} ({one.reason}): {one.message}",
+                                   max_abs=one.max_abs, max_rel=one.max_rel)
+            verdict.merge(one)
+        return verdict
 
     def reference_latency(self, job: Job, state: _WorkloadState) -> LatencyStats:
         if state.ref_stats is None:
@@ -241,13 +409,14 @@ class _OwnGpu:
 
 def run_job(job: Job, judge: Judge, calls, phases: Optional[Phases] = None, gpu=None,
             overhead: Optional[Overhead] = None) -> Evaluation:
-    """The evaluation protocol, against any candidate side with build/trial/prepare_time/time/recheck
-    (a CandidateRunner in this process, or a slot's channel to an executor). `gpu` (a slot's
-    GpuLock) lets jobs share the GPU except while one of them is timed. `overhead` (the slot's
-    calibration) bounds the reported latency from below by this process's clock around the timing.
-    The candidate side's requests (build, trials, timing_prep, recheck) take no GPU lock: a slot's
-    timed window stops every other executor (fibray.workers.quiesce); this process's own GPU work
-    (inputs and references, checks) shares the GPU and keeps off it while a window is open."""
+    """The evaluation protocol, against any candidate side with build/attach/trial/prepare_time/time/
+    recheck (a CandidateRunner in this process, or a slot's channel to an executor). The judge owns
+    the job's memory and verifies every call in it. `gpu` (a slot's GpuLock) lets jobs share the GPU
+    except while one of them is timed. `overhead` (the slot's calibration) bounds the reported
+    latency from below by this process's clock around the timing. The candidate side's requests
+    (build, attach, trials, timing_prep, recheck) take no GPU lock: a slot's timed window stops every
+    other executor (fibray.workers.quiesce); this process's own GPU work (inputs and references,
+    the job's memory, checks) shares the GPU and keeps off it while a window is open."""
     s = job.settings
     phase = phases if phases is not None else Phases()  # build, inputs_reference, trials, check, timing, ...
     gpu = gpu if gpu is not None else _OwnGpu()
@@ -258,22 +427,78 @@ def run_job(job: Job, judge: Judge, calls, phases: Optional[Phases] = None, gpu=
     try:
         with gpu.hold(phase, "inputs_reference"):
             state = judge.state(job)
+            mem, plan = judge.open(job, state)
     except InputError as e:
         return judge.fail(Status.RUNTIME_ERROR, Reason.BAD_WORKLOAD_INPUT, str(e), s)
+    try:
+        return _protocol(job, judge, calls, phase, gpu, state, mem, plan, overhead)
+    finally:
+        mem.close()
+
+
+class _TimedCallsFailed(Exception):
+    def __init__(self, result: TimeResult) -> None:
+        super().__init__(result.failure.reason if result.failure else "")
+        self.result = result
+
+
+def _bounded_time(job: Job, judge: Judge, calls, mem: JobMemory, sets: list[list[Any]], plan: _JobPlan,
+                  overhead: Optional[Overhead]) -> TimeResult:
+    """The timed calls under the supervisor's clock (fibray.timing.bound). A retry after a broken
+    bound starts again from pristine input sets and freshly poisoned output buffers, prepared
+    again before its clock starts."""
+    last: list[TimeResult] = []
+
+    def once() -> Timing:
+        result = calls.time(job)
+        last[:] = [result]
+        if result.failure is not None:
+            raise _TimedCallsFailed(result)
+        return Timing(result.samples_ms, result.mode, result.sync_overhead_ms)
+
+    def again() -> None:
+        for j, values in enumerate(sets):
+            mem.write_inputs(j, values)
+        calls.prepare_time(job, TimingPlan(iterations=plan.iterations, offsets=plan.offsets))
+        mem.prepare_outputs([mem.layout.scratch, *mem.layout.timed, *mem.layout.snapshots])
+        mem.settle()
+
+    try:
+        timing = bounded_time(once, job.settings, overhead, judge.device.type, prepare=again,
+                              clock=getattr(calls, "bound_clock", None))
+    except _TimedCallsFailed as e:
+        return e.result
+    return TimeResult(samples_ms=timing.samples_ms, mode=timing.mode, sync_overhead_ms=timing.sync_overhead_ms,
+                      called=last[0].called)
+
+
+def _protocol(job: Job, judge: Judge, calls, phase: Phases, gpu, state: _WorkloadState, mem: JobMemory,
+              plan: _JobPlan, overhead: Optional[Overhead]) -> Evaluation:
+    s, layout = job.settings, mem.layout
+    with phase("attach"):
+        calls.attach(job, layout, mem.region)
     verdict = CheckResult()
     for trial in range(s.trials):
         with phase("trials"):
             out = calls.trial(job, trial)
         with gpu.hold(phase, "check"):
-            verdict.merge(judge.check(job, state, trial, out))
+            verdict.merge(judge.check_call(job, mem, trial, trial, state.inputs[trial], state.refs[trial], out))
         if not verdict.ok:
             return judge.failed(job, verdict)
     try:
+        sets = [*state.inputs[: s.trials], *state.extra[: len(layout.inputs) - s.trials]]
+        with gpu.hold(phase, "check"):
+            untouched = judge.unchanged_sets(job, mem, sets, "was modified before timing")
+        if not untouched.ok:
+            return judge.failed(job, untouched)
         with phase("timing_prep"):
-            calls.prepare_time(job)
+            calls.prepare_time(job, TimingPlan(iterations=plan.iterations, offsets=plan.offsets))
+        with gpu.hold(phase, "check"):
+            # poisoned again after the candidate's process had its views: nothing written ahead survives
+            mem.prepare_outputs([layout.scratch, *layout.timed, *layout.snapshots])
+            mem.settle()
         with gpu.hold(phase, "timing", exclusive=True):
-            timing = bounded_time(lambda: calls.time(job), s, overhead, judge.device.type,
-                                  prepare=lambda: calls.prepare_time(job), clock=getattr(calls, "bound_clock", None))
+            result = _bounded_time(job, judge, calls, mem, sets, plan, overhead)
     except SideFault:
         raise
     except BoundBroken as e:  # the report contradicts what this process saw: a lie about latency
@@ -285,15 +510,25 @@ def run_job(job: Job, judge: Judge, calls, phases: Optional[Phases] = None, gpu=
 
         status, reason = classify_exception(e)
         return judge.fail(status, _when_timed(reason), repr(e), s)
+    with gpu.hold(phase, "check"):
+        timed = judge.check_timed(job, state, mem, plan, sets, result)
+    if not timed.ok:
+        return judge.failed(job, timed)
+    verdict.merge(timed)
+    with gpu.hold(phase, "check"):
+        mem.write_inputs(0, state.inputs[s.trials])
+        mem.prepare_outputs([layout.recheck])
+        mem.settle()
     with phase("recheck"):
         out = calls.recheck(job)
     with gpu.hold(phase, "recheck"):
-        again = judge.check(job, state, s.trials, out)
+        again = judge.check_call(job, mem, 0, layout.recheck, state.inputs[s.trials], state.refs[s.trials], out)
     if not again.ok:
         if again.reason == Reason.TOLERANCE_EXCEEDED:
             again.reason = Reason.STALE_OUTPUT
             again.message = "a call on new values in a reused buffer returned a wrong answer: " + again.message
         return judge.failed(job, again)
+    timing = Timing(result.samples_ms, result.mode, result.sync_overhead_ms)
     if judge.known_reference(job) is not None:  # timed before, in this environment: not again
         return judge.passed(job, state, verdict, timing)
     with gpu.hold(phase, "reference_timing", exclusive=True):

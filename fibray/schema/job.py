@@ -157,5 +157,8 @@ class JobResult(Model):
     """Whether the candidate ran without network (Linux network namespace)."""
     privileges_dropped: Optional[bool] = None
     """Whether the candidate ran as an unprivileged user."""
+    checks: Optional[str] = None
+    """Where the job's memory was verified: supervisor (memory it owns, shared with the executor) or
+    executor (copies the executor staged through host memory: runner.executor_checks on a GPU without CUDA VMM)."""
     phases: dict[str, float] = {}
     """Seconds spent per phase of the job (build, inputs_reference, trials, check, timing, ...)."""

@@ -77,6 +77,8 @@ class Reason(StrEnum):
     """The workload's inputs could not be materialised (a missing or malformed blob)."""
     LEFT_CHILD_PROCESS = "left_child_process"
     """The candidate left processes running after its job; they were killed."""
+    WORK_LEFT_RUNNING = "work_left_running"
+    """The executor had more threads after a call returned than when the job started (work left running)."""
 
     # -- the timing, bounded by the supervisor (RUNTIME_ERROR) --------------------------------
     TIMING_BELOW_OBSERVED = "timing_below_observed"
@@ -91,6 +93,10 @@ class Reason(StrEnum):
     """The call returned more or fewer outputs than the definition has."""
     NOT_A_TENSOR = "not_a_tensor"
     """An output is not a tensor."""
+    NOT_A_PLAIN_TENSOR = "not_a_plain_tensor"
+    """A returned output is a subclass of torch.Tensor, not a plain tensor."""
+    WRONG_DEVICE = "wrong_device"
+    """A returned output is on another device than the job's."""
     WRONG_SHAPE = "wrong_shape"
     """An output's shape differs from the reference's."""
     WRONG_DTYPE = "wrong_dtype"
@@ -111,6 +117,10 @@ class Reason(StrEnum):
     """An input was modified by the call."""
     STALE_OUTPUT = "stale_output"
     """A call on new values in a reused buffer returned a wrong answer (a cached result)."""
+    WRONG_WHILE_TIMED = "wrong_while_timed"
+    """The outputs of a timed call, judged by the supervisor after the timing, were wrong."""
+    OUTPUT_CHANGED_AFTER_RETURN = "output_changed_after_return"
+    """A timed call's outputs changed after the call returned (work finished after the end mark)."""
     FAILED = "failed"
     """A check failed without naming a more specific reason."""
 

@@ -55,6 +55,7 @@ SCHEMA = pa.schema([
     ("escalated", pa.bool_()),           # re-run in a fresh process after a fault
     ("network_isolated", pa.bool_()),    # candidate ran without network
     ("privileges_dropped", pa.bool_()),  # candidate ran as an unprivileged user
+    ("checks", pa.string()),             # supervisor | executor: where outputs, inputs and guards were verified
     ("started_at", pa.timestamp("us", tz="UTC")),
     ("finished_at", pa.timestamp("us", tz="UTC")),
     ("evaluation_timestamp", pa.string()),
@@ -150,6 +151,7 @@ def to_row(job: Job, result: JobResult, loop: Optional[dict[str, Any]] = None, d
         "escalated": result.escalated,
         "network_isolated": result.network_isolated,
         "privileges_dropped": result.privileges_dropped,
+        "checks": result.checks,
         "started_at": datetime.fromisoformat(result.started_at),
         "finished_at": datetime.fromisoformat(result.finished_at),
         "evaluation_timestamp": ev.timestamp,

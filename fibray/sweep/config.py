@@ -100,6 +100,11 @@ class RunnerConfig(_Strict):
     put in force the sweep refuses to start; false runs candidates with fibray's own uid (recorded per row)."""
     uid_range: Optional[list[int]] = None
     """[first, last] uids (inclusive) leased to executors, one per live executor; null: [200000, 200999]."""
+    executor_checks: bool = False
+    """On a GPU whose driver cannot share memory with executors (CUDA VMM with POSIX file-descriptor
+    handles), let each executor stage its job's memory through host shared memory, so that outputs,
+    inputs and guard bytes are verified on copies the executor made (recorded per row as
+    checks=executor). False: such a GPU refuses to judge candidates."""
     memory_limit_gb: Optional[float] = Field(default=16.0, gt=0)
     """Address-space limit of a CPU executor, GiB (not applied on GPUs: CUDA maps huge address ranges)."""
     max_open_files: int = Field(default=4096, ge=64)

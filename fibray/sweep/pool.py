@@ -71,7 +71,8 @@ class PoolOptions:
             isolate_network=r.isolate_network, drop_privileges=r.drop_privileges,
             uid_range=tuple(r.uid_range) if r.uid_range else None,
             memory_limit_bytes=int(r.memory_limit_gb * (1 << 30)) if r.memory_limit_gb else None,
-            max_open_files=r.max_open_files, max_processes=r.max_processes, build_cache=build_cache)
+            max_open_files=r.max_open_files, max_processes=r.max_processes, build_cache=build_cache,
+            executor_checks=r.executor_checks)
         return cls(num_slots=num_slots, torch_threads=torch_threads, start_deadline_s=start_deadline_s,
                    isolation=r.isolation, quarantine_after=r.quarantine_after, max_attempts=r.max_attempts,
                    standby=r.standby, spare_isolated=r.spare_isolated,

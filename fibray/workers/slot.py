@@ -19,25 +19,25 @@ from typing import Callable, Optional
 import torch
 
 from fibray import deadlines
-from fibray.compile import BuildError, prepare_triton
-from fibray.evaluate.candidate import TrialOutput
-from fibray.schema.reasons import POISONING_REASONS, Reason
+from fibray.compile import prepare_triton
+from fibray.evaluate.memory import HostRegion
+from fibray.schema.reasons import Reason
 from fibray.evaluate.environment import default_device, environment
 from fibray.evaluate.phases import now_iso
-from fibray.evaluate.run import CandidateCallFailed, Judge, SideFault, bound_log, run_job
+from fibray.evaluate.run import Judge, bound_log, run_job
 from fibray.evaluate.phases import Phases
 from fibray.schema import EvalSettings, Evaluation, EvaluationStatus, Job, JobResult
-from fibray.timing import Timing
 from fibray.timing.bound import Overhead, calibrate, calibration_job
 from fibray.timing.roofline import device_caps
 from fibray.workers.cpu_clock import unloaded_clock
 from fibray.workers.gpu_lock import GpuLock, LaneGpu
 from fibray.workers.process import sandbox
+from fibray.workers.remote import CalibrationSide, ExecutorFault, RemoteCalls, answer
 from fibray.workers.spec import SlotSpec
 from fibray.workers.start import SlotStart
 from fibray.workers.process.executor import LEAK_BYTES
 from fibray.workers.quiesce import Quiet
-from fibray.workers.process.channel import BadMessage, ChannelClosed, DeadlineExceeded, Reply, Request, recv, send
+from fibray.workers.process.channel import ChannelClosed, DeadlineExceeded, Health, Hello, Op, Request, expect, recv, send
 
 Status = EvaluationStatus
 
@@ -46,115 +46,8 @@ class NoExecutor(RuntimeError):
     """No usable executor could be had for a job (it failed to start, or died before its job)."""
 
 
-class ExecutorFault(SideFault):
-    """The executor hung, died or was poisoned: its verdict cannot be trusted as is."""
-
-    def __init__(self, status: Status, reason: str, log: str) -> None:
-        super().__init__(f"{reason}: {log[:200]}")
-        self.status, self.reason, self.log = status, reason, log
-
-
-_LYING_REASONS = frozenset({Reason.TIMING_BELOW_OBSERVED, Reason.BAD_TIMING_REPORT})
+_LYING_REASONS = frozenset({Reason.TIMING_BELOW_OBSERVED, Reason.BAD_TIMING_REPORT, Reason.WORK_LEFT_RUNNING})
 """Verdicts that prove the executor's own code was rebound: it serves no further job."""
-
-_PHASE_OF = {"trial": "trials", "time": "timing", "prepare_time": "timing_prep"}
-"""run_job's phase for an executor request, where the names differ; the executor's own share goes under it."""
-
-
-class _RemoteCalls:
-    """run_job's candidate side, answered by an executor process under deadlines."""
-
-    def __init__(self, ex: sandbox.Executor, job: Job, phase: Phases, quiet: Optional[Quiet] = None,
-                 bound_clock: Optional[Callable[[], float]] = None) -> None:
-        self.ex, self.job, self.phase, self.quiet = ex, job, phase, quiet
-        self.bound_clock = bound_clock
-        """The clock the timing bound reads (the executor's CPU time on a CPU slot; None: the wall)."""
-        self.run_spent = 0.0
-        """Seconds the executor has spent on this job's run requests: the run deadline counts these
-        only, not the time the job waited between them, nor the time it was stopped (other lanes' timings)."""
-
-    def _ask(self, req: Request, deadline: float, phase: str) -> Reply:
-        try:
-            send(self.ex.conn, req)
-            reply: Reply = answer(self.ex, deadline, self.quiet, slack=self.job.settings.run_deadline_s)
-            self.phase.add(reply.spent, prefix=f"{_PHASE_OF.get(req.op, req.op)}.")
-            return reply
-        except DeadlineExceeded:
-            limit = self.job.settings.build_deadline_s if phase == "build" else self.job.settings.run_deadline_s
-            raise ExecutorFault(Status.TIMEOUT, Reason.BUILD_TIMEOUT if phase == "build" else Reason.RUN_TIMEOUT,
-                                f"{phase} did not finish within its deadline of {limit}s; executor killed") from None
-        except BadMessage as e:
-            raise ExecutorFault(Status.RUNTIME_ERROR, Reason.BAD_MESSAGE,
-                                f"the executor's reply during {phase} was not a well-formed reply ({e}); executor killed") from None
-        except ChannelClosed:
-            try:
-                self.ex.proc.wait(timeout=deadlines.CLOSED_CHANNEL_EXIT_S)
-            except Exception:  # still alive after closing its channel: it is killed by the caller
-                pass
-            reason, detail = self.ex.exit_reason()
-            if reason is None:  # still alive
-                reason, detail = Reason.CRASHED, "executor closed its channel"
-            raise ExecutorFault(Status.RUNTIME_ERROR, reason, f"{detail} during {phase}\n{self.ex.output_tail()}") from None
-
-    def _run(self, req: Request) -> Reply:
-        t0, s0 = time.monotonic(), self._stopped()
-        try:
-            return self._ask(req, t0 + max(0.0, self.job.settings.run_deadline_s - self.run_spent), "run")
-        finally:
-            self.run_spent += max(0.0, time.monotonic() - t0 - (self._stopped() - s0))
-
-    def _stopped(self) -> float:
-        return self.quiet.stopped_s(self.ex) if self.quiet is not None else 0.0
-
-    def build(self, job: Job) -> Optional[BuildError]:
-        reply = self._ask(Request("build", job), time.monotonic() + job.settings.build_deadline_s, "build")
-        return None if reply.ok else BuildError(reply.error, reply.reason or Reason.BUILD_FAILED)
-
-    def _trial_like(self, op: str, job: Job, trial: int = 0) -> TrialOutput:
-        reply = self._run(Request(op, job, trial))
-        if not reply.ok:
-            raise ExecutorFault(Status.RUNTIME_ERROR, Reason.EXECUTOR_ERROR, reply.error)
-        out: TrialOutput = reply.value
-        if out.failure is not None and out.failure.reason in POISONING_REASONS:
-            raise ExecutorFault(Status(out.failure.status), out.failure.reason, out.failure.log)
-        return out
-
-    def trial(self, job: Job, trial: int) -> TrialOutput:
-        return self._trial_like("trial", job, trial)
-
-    def recheck(self, job: Job) -> TrialOutput:
-        return self._trial_like("recheck", job)
-
-    def prepare_time(self, job: Job) -> None:
-        self._timing_request("prepare_time", job)
-
-    def time(self, job: Job) -> Timing:
-        return self._timing_request("time", job)
-
-    def _timing_request(self, op: str, job: Job):
-        reply = self._run(Request(op, job))
-        if not reply.ok:
-            if reply.reason in POISONING_REASONS:
-                raise ExecutorFault(Status(reply.status or "RUNTIME_ERROR"), reply.reason, reply.error)
-            raise CandidateCallFailed(reply.status or Status.RUNTIME_ERROR, reply.reason or Reason.EXCEPTION, reply.error)
-        return reply.value
-
-
-def answer(ex: sandbox.Executor, deadline: float, quiet: Optional[Quiet], slack: float = 0.0) -> Reply:
-    """The executor's reply before `deadline`, moved back by every second the executor spends stopped
-    (another lane's timed window) meanwhile. `slack`: more time for the rest of a reply whose first
-    bytes came in time (its sender may be stopped in the middle of it)."""
-    credited = quiet.stopped_s(ex) if quiet is not None else 0.0
-    while not ex.conn.poll(max(0.0, deadline - time.monotonic())):
-        if quiet is None:
-            raise DeadlineExceeded()
-        stopped = quiet.stopped_s(ex)
-        if stopped <= credited and not quiet.is_stopped(ex):
-            raise DeadlineExceeded()
-        deadline = max(deadline + stopped - credited, time.monotonic() + 0.05)
-        credited = stopped
-    return recv(ex.conn, deadline + slack, ex.arena)
-
 
 class GpuSlot:
     """Supervises executors on the GPU Ray gave this actor (or the CPU, for a logical GPU).
@@ -198,7 +91,24 @@ class GpuSlot:
         if self.device.type == "cuda":
             torch.zeros(1, device=self.device)
         self.env = environment(self.device)
-        self.judge = Judge(self.base / "judge", self.device, self.env)
+        regions, kind = (lambda size, _device: HostRegion.create(size)), "host"
+        self.checks = "supervisor"
+        """Where job memory is verified (JobResult.checks)."""
+        if self.device.type == "cuda":  # the supervisor verifies on memory it allocates and shares
+            from fibray.workers.process import devmem
+
+            why = devmem.available(self.device)
+            if why is None:
+                regions, kind = devmem.regions_for(self.device), "cuda"
+            elif spec.sandbox.executor_checks:  # explicitly allowed: recorded in every row
+                kind, self.checks = "staged", "executor"
+            else:
+                raise RuntimeError(
+                    f"slot {spec.name}: GPU memory cannot be shared with executors on {self.device} through CUDA VMM "
+                    f"({why}), so the supervisor could not verify outputs, inputs and guard bytes itself; "
+                    f"fibray refuses to judge candidates on this GPU. Use a driver with VMM and POSIX-fd handles, "
+                    f"or set runner.executor_checks=true to verify copies the executor stages (recorded per row)")
+        self.judge = Judge(self.base / "judge", self.device, self.env, regions=regions, region_kind=kind)
         self.overheads: dict[tuple, Overhead] = {}
         """The timing bound's calibration per timing mode (fibray.timing.bound), made on pristine executors."""
         self._calibrating = threading.Lock()
@@ -227,7 +137,9 @@ class GpuSlot:
                 reply = recv(ex.conn, time.monotonic() + deadline_s, ex.arena)
             except (DeadlineExceeded, ChannelClosed) as e:
                 raise unusable("failed to start", f"{type(e).__name__}; ") from None
-            ex.ready, ex.info = True, reply.value
+            if not isinstance(getattr(reply, "value", None), Hello):
+                raise unusable("sent no hello", f"{type(getattr(reply, 'value', reply)).__name__}; ")
+            ex.ready, ex.info = True, reply.value.model_dump()
         if not ex.alive():
             raise unusable("ended after it was ready")
         return ex
@@ -299,12 +211,11 @@ class GpuSlot:
     def _healthy(self, ex: sandbox.Executor, phase: Phases) -> bool:
         with self.gpu.hold(phase, "health"):
             try:
-                send(ex.conn, Request("health"))
-                reply = recv(ex.conn, time.monotonic() + deadlines.HEALTH_S, ex.arena)
-            except (DeadlineExceeded, ChannelClosed):
+                send(ex.conn, Request(Op.HEALTH))
+                h = expect(recv(ex.conn, time.monotonic() + deadlines.HEALTH_S, ex.arena), Health)
+            except (DeadlineExceeded, ChannelClosed):  # BadMessage included
                 return False
-        h = reply.value if reply.ok else None
-        return bool(h and h["canary_ok"] and h["allocated"] - h["baseline"] < LEAK_BYTES)
+        return h.canary_ok and h.allocated - h.baseline < LEAK_BYTES
 
     def _alone(self, name: str, keep: Optional[sandbox.Executor]) -> AbstractContextManager:
         """A timed window: every executor of this slot but `keep` (all, for the reference's timing)
@@ -361,10 +272,10 @@ class GpuSlot:
             ex = pristine if pristine is not None else self._take_fresh()
             try:
                 first = calibration_job(s, 1)
-                calls = _RemoteCalls(ex, first, Phases(), self.quiet, self._bound_clock(ex))
+                calls = CalibrationSide(RemoteCalls(ex, first, Phases(), self.quiet, self._bound_clock(ex)), self.judge)
 
                 def finish(job: Job) -> None:
-                    send(ex.conn, Request("finish", job))
+                    send(ex.conn, Request(Op.FINISH, job))
                     recv(ex.conn, time.monotonic() + deadlines.HEALTH_S, ex.arena)
 
                 with self.gpu.hold(Phases(), "calibration", exclusive=True, keep=ex):
@@ -449,11 +360,11 @@ class GpuSlot:
                                              job.settings)
         return JobResult(job_id=job.job_id, evaluation=evaluation, worker=self.name, isolation=isolation,
                          attempt=job.attempt, started_at=started_at, finished_at=now_iso(), escalated=escalated,
-                         network_isolated=ex.network_isolated, privileges_dropped=ex.privileges_dropped,
+                         network_isolated=ex.network_isolated, privileges_dropped=ex.privileges_dropped, checks=self.checks,
                          phases=phase)
 
     def _run(self, ex: sandbox.Executor, job: Job, phase: Phases) -> tuple[Optional[Evaluation], Optional[ExecutorFault]]:
-        calls = _RemoteCalls(ex, job, phase, self.quiet, self._bound_clock(ex))
+        calls = RemoteCalls(ex, job, phase, self.quiet, self._bound_clock(ex))
         with phase("calibration"):
             overhead = self._overhead_for(job.settings)
         try:
@@ -463,7 +374,7 @@ class GpuSlot:
             return None, f
         try:
             with phase("finish"):
-                send(ex.conn, Request("finish", job))
+                send(ex.conn, Request(Op.FINISH, job))
                 answer(ex, time.monotonic() + deadlines.HEALTH_S, self.quiet)
         except (ChannelClosed, DeadlineExceeded):
             pass  # the health check that follows retires it

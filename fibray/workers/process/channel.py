@@ -16,17 +16,23 @@ import ctypes
 import io
 import os
 import pickle
+import socket
 import struct
 import time
-from dataclasses import dataclass, field
+from enum import StrEnum
 from multiprocessing.connection import Connection
 from typing import Any, Optional
 
 import torch
+from pydantic import BaseModel, ConfigDict, ValidationError
 
+from fibray.evaluate.candidate import TimingPlan
+from fibray.evaluate.memory import Layout
+from fibray.schema import Job
 from fibray.workers.process.arena import ARENA_BYTES, Arena
 
-__all__ = ["ARENA_BYTES", "Arena", "BadMessage", "ChannelClosed", "DeadlineExceeded", "Reply", "Request", "recv", "send"]
+__all__ = ["ARENA_BYTES", "Arena", "BadMessage", "ChannelClosed", "DeadlineExceeded", "Health", "Hello", "Op", "Reply",
+           "Request", "expect", "recv", "recv_fds", "send", "send_fds"]
 
 
 class ChannelClosed(Exception):
@@ -41,26 +47,109 @@ class DeadlineExceeded(Exception):
     """No answer within the deadline."""
 
 
-@dataclass
-class Request:
-    """Supervisor -> executor: build | trial | prepare_time | time | recheck | finish | health | exit."""
+class Op(StrEnum):
+    """What the supervisor asks of its executor."""
 
-    op: str
-    job: Any = None
+    BUILD = "build"
+    """Build (import or compile) the job's solution."""
+    ATTACH = "attach"
+    """Map the job's region (its file descriptor follows the request on the socket)."""
+    TRIAL = "trial"
+    """Call the candidate on trial `trial`'s input set, into that trial's output buffers."""
+    PREPARE_TIME = "prepare_time"
+    """Make the timed calls' views (carries the TimingPlan)."""
+    TIME = "time"
+    """Run the timed calls."""
+    RECHECK = "recheck"
+    """Call again on the first input set, which the supervisor rewrote in place."""
+    FINISH = "finish"
+    """Drop the job and unmap its region."""
+    HEALTH = "health"
+    """The canary and the memory baseline."""
+    EXIT = "exit"
+
+
+class Request(BaseModel):
+    """Supervisor -> executor."""
+
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+    op: Op
+    job: Optional[Job] = None
     trial: int = 0
+    layout: Optional[Layout] = None
+    """With ATTACH: where everything of the job lies in its region."""
+    timing: Optional[TimingPlan] = None
+    """With PREPARE_TIME."""
+
+    def __init__(self, op: Op | str, job: Optional[Job] = None, trial: int = 0, **kw: Any) -> None:
+        super().__init__(op=op, job=job, trial=trial, **kw)
 
 
-@dataclass
-class Reply:
-    """Executor -> supervisor."""
+class Hello(BaseModel):
+    """An executor's first message, once it is warm."""
 
+    pid: int
+    uid: int
+
+
+class Health(BaseModel):
+    """The answer to HEALTH."""
+
+    canary_ok: bool
+    allocated: int
+    """CUDA bytes allocated now (0 on a CPU)."""
+    baseline: int
+    """CUDA bytes allocated when the executor was warm."""
+
+
+class Reply(BaseModel):
+    """Executor -> supervisor. `value` is one of the models above or of fibray.evaluate.candidate."""
+
+    model_config = ConfigDict(arbitrary_types_allowed=True)
     ok: bool
     value: Any = None
     error: str = ""
     status: str = ""
     reason: str = ""
-    spent: dict = field(default_factory=dict)
+    spent: dict[str, float] = {}
     """Seconds the executor spent per part of the request (inputs, call, checks)."""
+
+    def __init__(self, ok: bool, value: Any = None, **kw: Any) -> None:
+        super().__init__(ok=ok, value=value, **kw)
+
+
+def expect(reply: Any, kind: type[BaseModel]) -> Any:
+    """A reply's value as `kind`, validated again (unpickling sets a model's fields without checking
+    them), or BadMessage: a reply that is not what the request asks for comes from candidate code."""
+    if not isinstance(reply, Reply) or not isinstance(reply.value, kind):
+        raise BadMessage(f"expected a reply holding {kind.__name__}, got {type(getattr(reply, 'value', reply)).__name__}")
+    try:
+        return kind.model_validate(dict(reply.value.__dict__))
+    except (ValidationError, TypeError) as e:
+        raise BadMessage(f"malformed {kind.__name__}: {e}") from None
+
+
+def send_fds(conn: Connection, fds: list[int]) -> None:
+    """File descriptors to the other end (SCM_RIGHTS), right after a message that announces them."""
+    sock = socket.socket(fileno=os.dup(conn.fileno()))
+    try:
+        socket.send_fds(sock, [b"F"], fds)
+    except OSError as e:
+        raise ChannelClosed(str(e)) from None
+    finally:
+        sock.close()
+
+
+def recv_fds(conn: Connection, n: int) -> list[int]:
+    """The descriptors send_fds sent (the executor reads them right after the request)."""
+    sock = socket.socket(fileno=os.dup(conn.fileno()))
+    try:
+        _, fds, _, _ = socket.recv_fds(sock, 1, n)
+    finally:
+        sock.close()
+    if len(fds) != n:
+        raise ChannelClosed(f"expected {n} file descriptors, got {len(fds)}")
+    return fds
 
 
 def _dtype(name: str) -> torch.dtype:
@@ -125,8 +214,9 @@ class _Pickler(pickle.Pickler):
 
 _TRUSTED_GLOBALS = {
     ("fibray.workers.process.channel", "Reply"), ("fibray.workers.process.channel", "_tensor"),
+    ("fibray.workers.process.channel", "Hello"), ("fibray.workers.process.channel", "Health"),
     ("fibray.evaluate.candidate", "TrialOutput"), ("fibray.evaluate.candidate", "CandidateFailure"),
-    ("fibray.timing.timer", "Timing"), ("fibray.schema.reasons", "Reason"),
+    ("fibray.evaluate.candidate", "TimeResult"), ("fibray.schema.reasons", "Reason"),
 }
 """All an executor's reply may name. The executor runs candidate code, which can send anything
 down the channel: unpickling any other global in the supervisor would run the candidate's code there."""

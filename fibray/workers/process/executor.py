@@ -39,8 +39,8 @@ def main(argv: list[str] | None = None) -> None:
     from fibray.compile import prepare_triton
 
     prepare_triton()
-    from fibray.evaluate.candidate import CandidateRunner, classify_exception  # captures trusted functions now
-    from fibray.workers.process.channel import Arena, ChannelClosed, Reply, Request, recv, send
+    from fibray.evaluate.candidate import CandidateRunner, classify_exception
+    from fibray.workers.process.channel import Arena, ChannelClosed, Health, Hello, Op, Reply, Request, recv, recv_fds, send
 
     device = torch.device(args.device)
     if device.type == "cuda":
@@ -63,31 +63,45 @@ def main(argv: list[str] | None = None) -> None:
     gc.collect()
     gc.freeze()
     baseline = torch.cuda.memory_allocated(device) if device.type == "cuda" else 0
-    send(conn, Reply(True, {"pid": os.getpid(), "uid": os.getuid()}), arena)
+    regions: dict[str, object] = {}
+    """The job regions this executor has mapped, by job id (unmapped at FINISH)."""
+    send(conn, Reply(True, Hello(pid=os.getpid(), uid=os.getuid())), arena)
     while True:
         try:
             req: Request = recv(conn, None, trusted=True)
         except ChannelClosed:
             return
+        staged = regions.get(req.job.job_id) if req.job is not None and req.op in _STAGED_OPS else None
+        staged = staged if hasattr(staged, "pull") else None
         try:
-            if req.op == "build":
+            if staged is not None:
+                staged.pull()
+            if req.op == Op.BUILD:
                 err = runner.build(req.job)
                 reply = Reply(True) if err is None else Reply(False, error=str(err), status="COMPILE_ERROR", reason=err.reason)
-            elif req.op == "trial":
+            elif req.op == Op.ATTACH:
+                (fd,) = recv_fds(conn, 1)
+                region = regions[req.job.job_id] = _map(req.layout, fd, device)
+                runner.attach(req.job, req.layout, region)
+                reply = Reply(True)
+            elif req.op == Op.TRIAL:
                 reply = Reply(True, runner.trial(req.job, req.trial))
-            elif req.op == "prepare_time":
-                runner.prepare_time(req.job)
+            elif req.op == Op.PREPARE_TIME:
+                runner.prepare_time(req.job, req.timing)
                 reply = Reply(True)
-            elif req.op == "time":
+            elif req.op == Op.TIME:
                 reply = Reply(True, runner.time(req.job))
-            elif req.op == "recheck":
+            elif req.op == Op.RECHECK:
                 reply = Reply(True, runner.recheck(req.job))
-            elif req.op == "finish":
+            elif req.op == Op.FINISH:
                 runner.finish(req.job)
+                region = regions.pop(req.job.job_id, None)
+                if region is not None:
+                    region.close()
                 reply = Reply(True)
-            elif req.op == "health":
-                reply = Reply(True, _health(torch, device, baseline))
-            elif req.op == "exit":
+            elif req.op == Op.HEALTH:
+                reply = Reply(True, _health(torch, device, baseline, Health))
+            elif req.op == Op.EXIT:
                 send(conn, Reply(True), arena)
                 return
             else:
@@ -97,6 +111,12 @@ def main(argv: list[str] | None = None) -> None:
 
             status, reason = classify_exception(e)
             reply = Reply(False, error="".join(traceback.format_exception(e)), status=status, reason=reason)
+        if staged is not None:
+            try:
+                staged.push()
+            except BaseException as e:  # a poisoned context: the reply says so, the health check retires us
+                reply = Reply(False, error=f"copying the job's memory back failed: {e}", status="RUNTIME_ERROR",
+                              reason=classify_exception(e)[1])
         reply.spent = runner.clock.take()
         try:
             send(conn, reply, arena)
@@ -146,7 +166,26 @@ def _exit_with(parent: int) -> None:
     threading.Thread(target=watch, name="fibray-parent-watch", daemon=True).start()
 
 
-def _health(torch, device, baseline: int) -> dict:
+_STAGED_OPS = {"trial", "prepare_time", "time", "recheck"}
+"""Requests around which a staged region is copied in and out."""
+
+
+def _map(layout, fd: int, device):
+    """The job's region in this process: host shared memory, or the supervisor's CUDA VMM allocation."""
+    from fibray.evaluate.memory import HostRegion
+
+    if layout.kind == "cuda":
+        from fibray.workers.process.devmem import DeviceRegion
+
+        return DeviceRegion.open(fd, layout.size, device)
+    if layout.kind == "staged":
+        from fibray.workers.process.devmem import StagedRegion
+
+        return StagedRegion(HostRegion(fd, layout.size), device)
+    return HostRegion(fd, layout.size)
+
+
+def _health(torch, device, baseline: int, Health):
     """A canary kernel with a known answer, a synchronize, and memory against the baseline.
     Memory past the leak threshold may be held by reference cycles a candidate left: those are
     collected (only then: a full collection per job cost milliseconds) before it counts as a leak."""
@@ -159,7 +198,7 @@ def _health(torch, device, baseline: int) -> dict:
         if allocated - baseline >= LEAK_BYTES:
             gc.collect()
             allocated = torch.cuda.memory_allocated(device)
-    return {"canary_ok": value == 4096.0 * 4096.0, "allocated": allocated, "baseline": baseline}
+    return Health(canary_ok=value == 4096.0 * 4096.0, allocated=allocated, baseline=baseline)
 
 
 if __name__ == "__main__":

@@ -58,6 +58,7 @@ class SandboxPolicy:
     uid_range: Optional[tuple[int, int]] = None     # executors' uids, inclusive; None: DEFAULT_UID_RANGE
     build_cache: Optional[str] = None               # compiled-artifact cache written by fibray, read-only to executors
     arena_bytes: int = ARENA_BYTES                  # shared memory for replies' tensors (0: the socket carries them)
+    executor_checks: bool = False                   # a GPU without CUDA VMM stages job memory through the host
 
 
 def scrubbed_env(extra: dict[str, str]) -> dict[str, str]:

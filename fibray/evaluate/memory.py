@@ -1,0 +1,356 @@
+"""A job's memory: every input set and output buffer of one job in one region the supervisor
+allocates and the candidate's process maps (host shared memory on a CPU, a CUDA VMM allocation
+on a GPU). The supervisor writes inputs and poisons outputs before a request and verifies after it
+on its own mapping; this module never takes a fact from the candidate's process.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+import mmap
+import os
+import secrets
+from typing import Any, Optional, Protocol
+
+import torch
+from pydantic import BaseModel, ConfigDict
+
+from fibray.evaluate.inputs import FP8_DTYPES, poison_
+
+GUARD_BYTES = 4096
+"""Bytes before and after every output buffer that must come back unchanged."""
+GUARD_PATTERN = 0xA5
+_ALIGN = 512
+TIMING_BUDGET_BYTES = 1 << 30
+"""Distinct input sets kept for timing: at most this many bytes..."""
+TIMING_MAX_SETS = 16
+"""...and this many sets; revisited sets are changed (every row) before each timed call."""
+TIMED_OUTPUT_BYTES = 1 << 30
+"""Output buffers of timed calls: each timed call writes its own buffers while they fit in this."""
+WRONG_ONE_IN = 8
+"""A kernel wrong on one timed call in this many..."""
+MISS_PROBABILITY = 1e-3
+"""...passes a job with at most this probability (see sample_size)."""
+
+_torch_equal = torch.equal
+_foreach_add = torch._foreach_add_
+
+
+def sample_size(n: int, one_in: int = WRONG_ONE_IN, miss: float = MISS_PROBABILITY) -> int:
+    """Timed calls to judge out of n, drawn without replacement after the calls by the supervisor,
+    so that a kernel wrong on w = max(1, n // one_in) of them is missed with probability <= miss:
+    the smallest k with P(miss) = C(n - w, k) / C(n, k) = prod_{j<k} (n - w - j) / (n - j) <= miss.
+    (For large n this is about ln(miss) / ln(1 - 1/one_in) = 52 calls for 1 in 8 and 1e-3.)"""
+    if n <= 0:
+        return 0
+    w, p = max(1, n // one_in), 1.0
+    for k in range(n):
+        if p <= miss:
+            return k
+        p *= (n - w - k) / (n - k)
+    return n
+
+
+# --------------------------------------------------------------------------------------------
+# layout: where each tensor of the job lies (sent to the executor; plain data)
+# --------------------------------------------------------------------------------------------
+class Place(BaseModel):
+    """One tensor in the region."""
+
+    model_config = ConfigDict(frozen=True)
+    off: int
+    """Byte offset of the first element."""
+    nbytes: int
+    dtype: str
+    """torch dtype name without the `torch.` prefix."""
+    shape: tuple[int, ...]
+
+
+class Arg(BaseModel):
+    """One input of a call: a tensor in the region, or a scalar passed by value."""
+
+    place: Optional[Place] = None
+    value: Any = None
+
+
+class Layout(BaseModel):
+    """Every input set and output buffer of one job, and which buffer each call writes."""
+
+    size: int
+    """Bytes of the region."""
+    kind: str
+    """host (shared memory the executor maps) | cuda (a CUDA VMM allocation it imports) | local (same process)."""
+    device: str
+    inputs: list[list[Arg]]
+    """Input sets: the trials' first (set t is trial t's), then further timing sets."""
+    outputs: list[list[Place]]
+    """Output buffer sets, each output with GUARD_BYTES of guard on both sides."""
+    trials: int
+    dps: bool
+    """Destination-passing style: the candidate writes the buffers; else the executor copies its result in."""
+    recheck: int
+    scratch: int
+    """Buffers for warm-up calls (never judged)."""
+    timed: list[int]
+    """Output set of timed buffer b; timed call i writes buffer i % len(timed)."""
+    snapshots: list[int]
+    """Per timed buffer, where the executor copies its outputs as the call returns (CPU, DPS): a change after return shows."""
+
+    def trial_set(self, t: int) -> int:
+        return t
+
+
+def _dtype(name: str) -> torch.dtype:
+    return getattr(torch, name)
+
+
+def _place(off: int, dtype: torch.dtype, shape: tuple[int, ...]) -> tuple[Place, int]:
+    nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+    return Place(off=off, nbytes=nbytes, dtype=str(dtype).removeprefix("torch."), shape=tuple(shape)), off + nbytes
+
+
+def _up(n: int) -> int:
+    return -(-n // _ALIGN) * _ALIGN
+
+
+def plan_layout(kind: str, device: str, input_sets: list[list[Any]], out_specs: list[tuple[torch.dtype, tuple[int, ...]]],
+                trials: int, dps: bool, timed_buffers: int, snapshots: bool) -> Layout:
+    """Offsets for the input sets (values kept as scalars where they are not tensors) and the output sets."""
+    off = 0
+    inputs: list[list[Arg]] = []
+    for args in input_sets:
+        row = []
+        for a in args:
+            if isinstance(a, torch.Tensor):
+                p, end = _place(off, a.dtype, tuple(a.shape))
+                off = _up(end)
+                row.append(Arg(place=p))
+            else:
+                row.append(Arg(value=a))
+        inputs.append(row)
+    n_sets = trials + 2 + timed_buffers * (2 if snapshots else 1)
+    outputs: list[list[Place]] = []
+    for _ in range(n_sets):
+        row = []
+        for dtype, shape in out_specs:
+            p, end = _place(off + GUARD_BYTES, dtype, shape)
+            off = _up(end + GUARD_BYTES)
+            row.append(p)
+        outputs.append(row)
+    timed = list(range(trials + 2, trials + 2 + timed_buffers))
+    snaps = list(range(trials + 2 + timed_buffers, n_sets)) if snapshots else []
+    return Layout(size=max(off, mmap.PAGESIZE), kind=kind, device=device, inputs=inputs, outputs=outputs, trials=trials,
+                  dps=dps, recheck=trials, scratch=trials + 1, timed=timed, snapshots=snaps)
+
+
+def judged_calls(called: list[int], buffers: int) -> dict[int, int]:
+    """Timed buffer -> the timed call whose outputs it holds after the calls made (call i writes
+    buffer i % buffers; a later call on the same buffer overwrites an earlier one)."""
+    last: dict[int, int] = {}
+    for i in called:
+        last[i % buffers] = i
+    return last
+
+
+# --------------------------------------------------------------------------------------------
+# regions: the bytes both processes see
+# --------------------------------------------------------------------------------------------
+class Region(Protocol):
+    size: int
+
+    def bytes(self) -> torch.Tensor:
+        """The whole region as a uint8 tensor on its device, in this process."""
+        ...
+
+    def share(self) -> Optional[int]:
+        """A file descriptor another process maps the region with (None: same process only)."""
+        ...
+
+    def close(self) -> None: ...
+
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.mmap.restype = ctypes.c_void_p
+_libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+_libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+_MAP_FAILED = ctypes.c_void_p(-1).value
+
+
+class HostRegion:
+    """Host shared memory (a memfd). Mapped with mmap(2) directly so that unmapping always
+    happens, even while a tensor the candidate kept still points into it (that tensor then faults)."""
+
+    def __init__(self, fd: int, size: int) -> None:
+        self.fd, self.size = fd, size
+        addr = _libc.mmap(None, size, mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_SHARED, fd, 0)
+        if addr in (None, _MAP_FAILED):
+            err = ctypes.get_errno()
+            os.close(fd)
+            raise OSError(err, f"cannot map a job region of {size} bytes: {os.strerror(err)}")
+        self.addr = addr
+        self._bytes: Optional[torch.Tensor] = torch.frombuffer((ctypes.c_uint8 * size).from_address(addr), dtype=torch.uint8)
+
+    @classmethod
+    def create(cls, size: int) -> "HostRegion":
+        fd = os.memfd_create("fibray-job", os.MFD_CLOEXEC)
+        os.ftruncate(fd, size)
+        return cls(fd, size)
+
+    def bytes(self) -> torch.Tensor:
+        assert self._bytes is not None, "region closed"
+        return self._bytes
+
+    def share(self) -> Optional[int]:
+        return self.fd
+
+    def piece(self, off: int, nbytes: int) -> torch.Tensor:
+        assert self._bytes is not None and 0 <= off and off + nbytes <= self.size, "outside the region"
+        if not nbytes:
+            return torch.empty(0, dtype=torch.uint8)
+        return torch.frombuffer((ctypes.c_uint8 * nbytes).from_address(self.addr + off), dtype=torch.uint8)
+
+    def close(self) -> None:
+        if self._bytes is None:
+            return
+        self._bytes = None
+        _libc.munmap(self.addr, self.size)
+        os.close(self.fd)
+
+
+class LocalRegion:
+    """Plain device memory for a supervisor and candidate runner in one process (Evaluator)."""
+
+    def __init__(self, size: int, device: torch.device) -> None:
+        self.size = size
+        self._bytes = torch.empty(size, dtype=torch.uint8, device=device)
+
+    def bytes(self) -> torch.Tensor:
+        return self._bytes
+
+    def share(self) -> Optional[int]:
+        return None
+
+    def close(self) -> None:
+        pass
+
+
+def view(region: Region, p: Place) -> torch.Tensor:
+    """A tensor of the region as the supervisor sees it (a view of the whole region)."""
+    return region.bytes()[p.off:p.off + p.nbytes].view(_dtype(p.dtype)).view(p.shape)
+
+
+def _piece(region: Region, off: int, nbytes: int) -> torch.Tensor:
+    """Bytes of the region as a tensor with a storage of its own, where the region can make one:
+    the Triton interpreter copies each argument's whole storage around every launch."""
+    make = getattr(region, "piece", None)
+    return make(off, nbytes) if make is not None else region.bytes()[off:off + nbytes]
+
+
+def args_of(region: Region, row: list[Arg]) -> list[Any]:
+    """A call's inputs as the candidate gets them: each tensor on a storage of exactly its bytes."""
+    return [_piece(region, a.place.off, a.place.nbytes).view(_dtype(a.place.dtype)).view(a.place.shape)
+            if a.place is not None else a.value for a in row]
+
+
+def outputs_of(region: Region, row: list[Place]) -> list[torch.Tensor]:
+    """A call's output buffers as the candidate gets them: each on a storage that spans its guards."""
+    out = []
+    for p in row:
+        raw = _piece(region, p.off - GUARD_BYTES, p.nbytes + 2 * GUARD_BYTES)
+        out.append(raw[GUARD_BYTES:GUARD_BYTES + p.nbytes].view(_dtype(p.dtype)).view(p.shape))
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# changing inputs between timed calls (both sides run this same code on their own copy)
+# --------------------------------------------------------------------------------------------
+def bump_groups(args: list[Any], offset: int) -> list[tuple[list[torch.Tensor], Any]]:
+    """One column of every row of every floating-point input (rows: the last dimension), column
+    `offset` mod its width, grouped by dtype so that one fused add per group changes them. fp8 has
+    no arithmetic in torch: its values change through their bytes (+1 in the lowest bits)."""
+    groups: dict[torch.dtype, list[torch.Tensor]] = {}
+    for a in args:
+        if not isinstance(a, torch.Tensor) or not a.is_floating_point() or not a.numel():
+            continue
+        t = a.view(torch.uint8) if a.dtype in FP8_DTYPES else a
+        rows = t.reshape(-1, t.shape[-1]) if t.dim() else t.reshape(1, 1)
+        groups.setdefault(rows.dtype, []).append(rows[:, offset % rows.shape[1]])
+    return [(views, 1 if dtype == torch.uint8 else 1.0) for dtype, views in groups.items()]
+
+
+def apply_bump(groups: list[tuple[list[torch.Tensor], Any]]) -> None:
+    for views, one in groups:
+        _foreach_add(views, one)
+
+
+def draw_offsets(n: int) -> list[int]:
+    """Secret columns for n timed calls, drawn by the supervisor and sent only when timing starts."""
+    return [secrets.randbelow(1 << 30) for _ in range(n)]
+
+
+# --------------------------------------------------------------------------------------------
+# the supervisor's side
+# --------------------------------------------------------------------------------------------
+def _guard(region: Region, p: Place) -> tuple[torch.Tensor, torch.Tensor]:
+    raw = region.bytes()
+    return raw[p.off - GUARD_BYTES:p.off], raw[p.off + p.nbytes:p.off + p.nbytes + GUARD_BYTES]
+
+
+class JobMemory:
+    """The supervisor's handle on a job's region: it writes, poisons and verifies; it never runs candidate code."""
+
+    def __init__(self, region: Region, layout: Layout, device: Optional[torch.device] = None) -> None:
+        self.region, self.layout = region, layout
+        self.device = device
+        """Where outputs are judged (the references' device), when the region is elsewhere (staged)."""
+
+    def inputs(self, s: int) -> list[Any]:
+        return args_of(self.region, self.layout.inputs[s])
+
+    def outputs(self, k: int) -> list[torch.Tensor]:
+        outs = [view(self.region, p) for p in self.layout.outputs[k]]
+        if self.device is not None and outs and outs[0].device != self.device:
+            outs = [o.to(self.device) for o in outs]
+        return outs
+
+    def write_inputs(self, s: int, values: list[Any]) -> None:
+        for arg, v in zip(self.layout.inputs[s], values):
+            if arg.place is not None:
+                view(self.region, arg.place).copy_(v)
+
+    def prepare_outputs(self, sets: list[int]) -> None:
+        """Guard bytes set and bodies poisoned (NaN, True or the max int)."""
+        for k in sets:
+            for p in self.layout.outputs[k]:
+                before, after = _guard(self.region, p)
+                before.fill_(GUARD_PATTERN)
+                after.fill_(GUARD_PATTERN)
+                poison_(view(self.region, p))
+
+    def guards_intact(self, k: int) -> bool:
+        for p in self.layout.outputs[k]:
+            before, after = _guard(self.region, p)
+            if not (bool((before == GUARD_PATTERN).all()) and bool((after == GUARD_PATTERN).all())):
+                return False
+        return True
+
+    def changed_input(self, s: int, expected: list[Any]) -> Optional[int]:
+        """Index of the first tensor input of set s whose bytes differ from `expected`, else None."""
+        for i, (arg, want) in enumerate(zip(self.layout.inputs[s], expected)):
+            if arg.place is None:
+                continue
+            got = view(self.region, arg.place)
+            want = want if want.device == got.device else want.to(got.device)
+            if not _torch_equal(got.reshape(-1).view(torch.uint8), want.reshape(-1).contiguous().view(torch.uint8)):
+                return i
+        return None
+
+    def settle(self) -> None:
+        """Wait for this process's writes to the region (a GPU's are queued): the executor reads next."""
+        raw = self.region.bytes()
+        if raw.device.type == "cuda":
+            torch.cuda.synchronize(raw.device)
+
+    def close(self) -> None:
+        self.region.close()

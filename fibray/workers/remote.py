@@ -1,0 +1,204 @@
+"""run_job's candidate side in a slot: requests to an executor over its channel, under deadlines.
+
+Everything an executor says is received as typed models (fibray.workers.process.channel) and
+taken only as a claim against the candidate; facts about the job's memory are the judge's, and
+the executor's threads are counted from /proc here, never asked of the executor.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Callable, Optional
+
+from fibray import deadlines
+from fibray.compile import BuildError
+from fibray.evaluate.candidate import CandidateFailure, TimeResult, TimingPlan, TrialOutput
+from fibray.evaluate.memory import Layout, Region
+from fibray.evaluate.phases import Phases
+from fibray.evaluate.run import CandidateCallFailed, Judge, SideFault
+from fibray.schema import EvaluationStatus, Job
+from fibray.schema.reasons import POISONING_REASONS, Reason
+from fibray.timing import Timing
+from fibray.workers.process import sandbox
+from fibray.workers.quiesce import Quiet
+from fibray.workers.process.channel import (
+    BadMessage, ChannelClosed, DeadlineExceeded, Op, Reply, Request, expect, recv, send, send_fds,
+)
+
+Status = EvaluationStatus
+
+
+class ExecutorFault(SideFault):
+    """The executor hung, died or was poisoned: its verdict cannot be trusted as is."""
+
+    def __init__(self, status: Status, reason: str, log: str) -> None:
+        super().__init__(f"{reason}: {log[:200]}")
+        self.status, self.reason, self.log = status, reason, log
+
+
+_PHASE_OF = {"trial": "trials", "time": "timing", "prepare_time": "timing_prep"}
+"""run_job's phase for an executor request, where the names differ; the executor's own share goes under it."""
+
+
+class RemoteCalls:
+    """run_job's candidate side, answered by an executor process under deadlines."""
+
+    def __init__(self, ex: sandbox.Executor, job: Job, phase: Phases, quiet: Optional[Quiet] = None,
+                 bound_clock: Optional[Callable[[], float]] = None) -> None:
+        self.ex, self.job, self.phase, self.quiet = ex, job, phase, quiet
+        self.bound_clock = bound_clock
+        """The clock the timing bound reads (the executor's CPU time on a CPU slot; None: the wall)."""
+        self.run_spent = 0.0
+        """Seconds the executor has spent on this job's run requests: the run deadline counts these
+        only, not the time the job waited between them, nor the time it was stopped (other lanes' timings)."""
+        self.threads = threads_of(ex.pid)
+        """The executor's threads when the job started (from /proc, not from the executor)."""
+
+    def _ask(self, req: Request, deadline: float, phase: str, fds: Optional[list[int]] = None) -> Reply:
+        try:
+            send(self.ex.conn, req)
+            if fds:
+                send_fds(self.ex.conn, fds)
+            reply: Reply = answer(self.ex, deadline, self.quiet, slack=self.job.settings.run_deadline_s)
+            if not isinstance(reply, Reply):
+                raise BadMessage(f"not a reply: {type(reply).__name__}")
+            self.phase.add(reply.spent, prefix=f"{_PHASE_OF.get(req.op, req.op)}.")
+            return reply
+        except DeadlineExceeded:
+            limit = self.job.settings.build_deadline_s if phase == "build" else self.job.settings.run_deadline_s
+            raise ExecutorFault(Status.TIMEOUT, Reason.BUILD_TIMEOUT if phase == "build" else Reason.RUN_TIMEOUT,
+                                f"{phase} did not finish within its deadline of {limit}s; executor killed") from None
+        except BadMessage as e:
+            raise ExecutorFault(Status.RUNTIME_ERROR, Reason.BAD_MESSAGE,
+                                f"the executor's reply during {phase} was not a well-formed reply ({e}); executor killed") from None
+        except ChannelClosed:
+            try:
+                self.ex.proc.wait(timeout=deadlines.CLOSED_CHANNEL_EXIT_S)
+            except Exception:  # still alive after closing its channel: it is killed by the caller
+                pass
+            reason, detail = self.ex.exit_reason()
+            if reason is None:  # still alive
+                reason, detail = Reason.CRASHED, "executor closed its channel"
+            raise ExecutorFault(Status.RUNTIME_ERROR, reason, f"{detail} during {phase}\n{self.ex.output_tail()}") from None
+
+    def _run(self, req: Request, fds: Optional[list[int]] = None) -> Reply:
+        t0, s0 = time.monotonic(), self._stopped()
+        try:
+            return self._ask(req, t0 + max(0.0, self.job.settings.run_deadline_s - self.run_spent), "run", fds)
+        finally:
+            self.run_spent += max(0.0, time.monotonic() - t0 - (self._stopped() - s0))
+
+    def _stopped(self) -> float:
+        return self.quiet.stopped_s(self.ex) if self.quiet is not None else 0.0
+
+    def build(self, job: Job) -> Optional[BuildError]:
+        reply = self._ask(Request(Op.BUILD, job), time.monotonic() + job.settings.build_deadline_s, "build")
+        return None if reply.ok else BuildError(reply.error, reply.reason or Reason.BUILD_FAILED)
+
+    def attach(self, job: Job, layout: Layout, region: Region) -> None:
+        fd = region.share()
+        if fd is None:
+            raise RuntimeError(f"a {layout.kind} region cannot be shared with an executor")
+        reply = self._run(Request(Op.ATTACH, job, layout=layout), fds=[fd])
+        if not reply.ok:
+            raise ExecutorFault(Status.RUNTIME_ERROR, Reason.EXECUTOR_ERROR, f"mapping the job's region failed: {reply.error}")
+
+    def _left_running(self) -> Optional[CandidateFailure]:
+        """Threads of the executor beyond those it had when the job started, read from /proc after a
+        request returned: work the candidate left running after its call (it counts, or fails the job)."""
+        now = threads_of(self.ex.pid)
+        if now > self.threads:
+            return CandidateFailure(status="RUNTIME_ERROR", reason=Reason.WORK_LEFT_RUNNING,
+                                    log=f"the executor had {now - self.threads} more thread(s) after the call returned "
+                                        f"than when the job started")
+        return None
+
+    def _trial_like(self, op: Op, job: Job, trial: int = 0) -> TrialOutput:
+        reply = self._run(Request(op, job, trial))
+        if not reply.ok:
+            raise ExecutorFault(Status.RUNTIME_ERROR, Reason.EXECUTOR_ERROR, reply.error)
+        out = self._expect(reply, TrialOutput)
+        if out.failure is not None and out.failure.reason in POISONING_REASONS:
+            raise ExecutorFault(Status(out.failure.status), out.failure.reason, out.failure.log)
+        left = self._left_running()
+        return out if out.failure is not None or left is None else TrialOutput(failure=left)
+
+    def _expect(self, reply: Reply, kind):
+        try:
+            return expect(reply, kind)
+        except BadMessage as e:
+            raise ExecutorFault(Status.RUNTIME_ERROR, Reason.BAD_MESSAGE, f"{e}; executor killed") from None
+
+    def trial(self, job: Job, trial: int) -> TrialOutput:
+        return self._trial_like(Op.TRIAL, job, trial)
+
+    def recheck(self, job: Job) -> TrialOutput:
+        return self._trial_like(Op.RECHECK, job)
+
+    def prepare_time(self, job: Job, timing: TimingPlan) -> None:
+        self._timing_request(Request(Op.PREPARE_TIME, job, timing=timing))
+
+    def time(self, job: Job) -> TimeResult:
+        result = self._expect(self._timing_request(Request(Op.TIME, job)), TimeResult)
+        left = self._left_running()
+        return result if result.failure is not None or left is None else TimeResult(failure=left)
+
+    def _timing_request(self, req: Request) -> Reply:
+        reply = self._run(req)
+        if not reply.ok:
+            if reply.reason in POISONING_REASONS:
+                raise ExecutorFault(Status(reply.status or "RUNTIME_ERROR"), reply.reason, reply.error)
+            raise CandidateCallFailed(reply.status or Status.RUNTIME_ERROR, reply.reason or Reason.EXCEPTION, reply.error)
+        return reply
+
+
+def answer(ex: sandbox.Executor, deadline: float, quiet: Optional[Quiet], slack: float = 0.0) -> Reply:
+    """The executor's reply before `deadline`, moved back by every second the executor spends stopped
+    (another lane's timed window) meanwhile. `slack`: more time for the rest of a reply whose first
+    bytes came in time (its sender may be stopped in the middle of it)."""
+    credited = quiet.stopped_s(ex) if quiet is not None else 0.0
+    while not ex.conn.poll(max(0.0, deadline - time.monotonic())):
+        if quiet is None:
+            raise DeadlineExceeded()
+        stopped = quiet.stopped_s(ex)
+        if stopped <= credited and not quiet.is_stopped(ex):
+            raise DeadlineExceeded()
+        deadline = max(deadline + stopped - credited, time.monotonic() + 0.05)
+        credited = stopped
+    return recv(ex.conn, deadline + slack, ex.arena)
+
+
+def threads_of(pid: int) -> int:
+    """Threads of a process, as /proc lists them (0 once it is gone)."""
+    try:
+        return len(os.listdir(f"/proc/{pid}/task"))
+    except OSError:
+        return 0
+
+
+class CalibrationSide:
+    """The timing calibration's candidate side (fibray.timing.bound.TimingSide): an executor's calls
+    on a job region the judge allocates, as for any job."""
+
+    def __init__(self, calls: RemoteCalls, judge: Judge) -> None:
+        self.calls, self.judge = calls, judge
+        self._memory: dict[str, object] = {}
+
+    def build(self, job: Job) -> Optional[BuildError]:
+        return self.calls.build(job)
+
+    def prepare_time(self, job: Job) -> None:
+        mem, plan = self.judge.open(job, self.judge.state(job))
+        self._memory[job.job_id] = mem
+        self.calls.attach(job, mem.layout, mem.region)
+        self.calls.prepare_time(job, TimingPlan(iterations=plan.iterations, offsets=plan.offsets))
+
+    def time(self, job: Job) -> Timing:
+        try:
+            result = self.calls.time(job)
+        finally:
+            self._memory.pop(job.job_id).close()
+        if result.failure is not None:
+            raise RuntimeError(f"the timing calibration kernel failed: {result.failure.reason}: {result.failure.log}")
+        return Timing(result.samples_ms, result.mode, result.sync_overhead_ms)

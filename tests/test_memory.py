@@ -1,0 +1,183 @@
+"""A job's memory: the sample of timed calls is large enough, the region is shared and laid out
+without overlaps, the changes between timed calls touch every row, and the supervisor's checks
+run on its own mapping (a candidate rebinding fibray's functions in its process changes nothing)."""
+
+from __future__ import annotations
+
+import math
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+import torch
+
+from fibray.evaluate.memory import (
+    GUARD_BYTES, GUARD_PATTERN, HostRegion, JobMemory, apply_bump, bump_groups, judged_calls, plan_layout, sample_size,
+)
+from fibray.schema import Definition, EvalSettings, Job, Solution, Workload
+
+
+def _miss(n: int, k: int, w: int) -> float:
+    """P(a sample of k of n calls, drawn without replacement, misses all w wrong ones)."""
+    return math.comb(n - w, k) / math.comb(n, k)
+
+
+@pytest.mark.parametrize("n", [1, 2, 7, 8, 9, 16, 40, 52, 53, 64, 70, 100, 333, 1000])
+def test_the_timed_sample_misses_a_kernel_wrong_one_call_in_eight_at_most_once_in_a_thousand(n):
+    k, w = sample_size(n), max(1, n // 8)
+    assert k <= n and _miss(n, k, w) <= 1e-3
+    if k > 1:
+        assert _miss(n, k - 1, w) > 1e-3  # the smallest such sample
+
+
+def test_the_sample_size_tends_to_the_with_replacement_bound():
+    assert sample_size(100_000) == math.ceil(math.log(1e-3) / math.log(7 / 8)) == 52
+
+
+def _layout(kind: str = "host", dps: bool = True, snapshots: bool = True):
+    sets = [[torch.zeros(3, 5), 2.0, torch.zeros(7, dtype=torch.int32)] for _ in range(3)]
+    return plan_layout(kind, "cpu", sets, [(torch.bfloat16, (3, 5)), (torch.float32, ())], trials=2, dps=dps,
+                       timed_buffers=4, snapshots=snapshots), sets
+
+
+def test_the_layout_keeps_every_tensor_and_guard_apart():
+    layout, _ = _layout()
+    spans = [(a.place.off, a.place.off + a.place.nbytes) for row in layout.inputs for a in row if a.place]
+    spans += [(p.off - GUARD_BYTES, p.off + p.nbytes + GUARD_BYTES) for row in layout.outputs for p in row]
+    spans.sort()
+    assert all(a_end <= b_start for (_, a_end), (b_start, _) in zip(spans, spans[1:]))
+    assert spans[-1][1] <= layout.size
+    assert len(layout.outputs) == 2 + 2 + 4 * 2 and layout.inputs[0][1].value == 2.0
+    assert len(set(layout.timed) | set(layout.snapshots) | {layout.recheck, layout.scratch}) == 10
+
+
+def test_timed_buffers_rotate_and_the_last_writer_is_judged():
+    assert judged_calls(list(range(10)), 4) == {0: 8, 1: 9, 2: 6, 3: 7}
+    assert judged_calls([0, 1, 2, 12, 13], 4) == {0: 12, 1: 13, 2: 2}  # an adaptive stop, then the device-wide pass
+
+
+def test_another_process_sees_the_region_through_its_descriptor(tmp_path):
+    region = HostRegion.create(1 << 16)
+    region.bytes()[:4].copy_(torch.tensor([1, 2, 3, 4], dtype=torch.uint8))
+    code = ("import os, sys, torch\nfrom fibray.evaluate.memory import HostRegion\n"
+            "r = HostRegion(int(sys.argv[1]), 1 << 16)\nb = r.bytes()\nassert b[:4].tolist() == [1, 2, 3, 4]\n"
+            "b[4:8].fill_(9)\nr.close()\n")
+    os.set_inheritable(region.fd, True)
+    subprocess.run([sys.executable, "-c", code, str(region.fd)], check=True, pass_fds=(region.fd,),
+                   env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+    assert region.bytes()[4:8].tolist() == [9, 9, 9, 9]
+    region.close()
+
+
+def test_guards_poison_and_input_checks_run_on_the_supervisors_mapping():
+    layout, sets = _layout()
+    mem = JobMemory(HostRegion.create(layout.size), layout)
+    for i, s in enumerate(sets):
+        mem.write_inputs(i, s)
+    mem.prepare_outputs(list(range(len(layout.outputs))))
+    out = mem.outputs(0)[0]
+    assert torch.isnan(out).all() and mem.guards_intact(0)
+    raw = mem.region.bytes()
+    raw[layout.outputs[0][0].off + layout.outputs[0][0].nbytes] = 0  # one byte past the output
+    assert not mem.guards_intact(0) and mem.guards_intact(1)
+    assert mem.changed_input(1, sets[1]) is None
+    mem.inputs(1)[2][3] = 5
+    assert mem.changed_input(1, sets[1]) == 2
+    mem.close()
+
+
+def test_the_change_before_a_timed_call_touches_every_row_of_every_float_input():
+    x = torch.zeros(6, 4)
+    w = torch.zeros(4, dtype=torch.bfloat16)
+    q = torch.zeros(3, 2).to(torch.float8_e4m3fn)
+    idx = torch.zeros(6, dtype=torch.int64)
+    apply_bump(bump_groups([x, w, q, idx, 3.0], offset=6))
+    assert (x != 0).sum(1).tolist() == [1] * 6 and x[:, 2].tolist() == [1.0] * 6
+    assert (w != 0).sum() == 1 and (q.view(torch.uint8) != 0).sum(1).tolist() == [1, 1, 1]
+    assert not idx.any()  # structured (integer) inputs are never changed
+
+
+def _job(src: str, dps: bool = True) -> Job:
+    d = Definition.model_validate({
+        "name": "scale", "op_type": "scale", "axes": {"n": {"type": "var"}},
+        "inputs": {"x": {"shape": ["n"], "dtype": "float32"}, "k": {"shape": None, "dtype": "float32"}},
+        "outputs": {"y": {"shape": ["n"], "dtype": "float32"}}, "reference": "def run(x, k):\n    return x * k\n"})
+    w = Workload.model_validate({"uuid": "w", "axes": {"n": 64}, "inputs": {"x": {"type": "random"}, "k": {"type": "scalar", "value": 3.0}}})
+    sol = Solution.model_validate({
+        "name": "cand", "definition": "scale", "author": "t",
+        "spec": {"language": "python", "target_hardware": ["cpu"], "entry_point": "main.py::run", "destination_passing_style": dps},
+        "sources": [{"path": "main.py", "content": "import sys, threading, time, torch\n" + src}]})
+    return Job(job_id="j", sweep="t", definition=d, workload=w, solution=sol,
+               settings=EvalSettings(warmup=1, iterations=12, trials=2), dataset_root=".")
+
+
+_TIMED = ("def _timed():\n    f = sys._getframe(1)\n    while f is not None:\n"
+          "        if f.f_code.co_name == 'time_calls':\n            return True\n        f = f.f_back\n    return False\n")
+
+
+def _evaluate(src: str, dps: bool = True):
+    from fibray.evaluate import Evaluator
+
+    return Evaluator(Path(tempfile.mkdtemp(prefix="fibray-mem-")), torch.device("cpu")).evaluate(_job(src, dps))
+
+
+def test_an_output_finished_by_a_thread_after_the_call_returned_is_caught():
+    """The work of call i is handed to a thread joined at call i+1: at the end mark of call i its
+    buffer was still poisoned (the copy taken as call i+1 was prepared), later it is right."""
+    src = _TIMED + ("_pending = []\n"
+                    "def run(x, k, y):\n"
+                    "    while _pending:\n        _pending.pop().join()\n"
+                    "    if not _timed():\n        y.copy_(x * k)\n        return\n"
+                    "    t = threading.Thread(target=lambda: (time.sleep(0.02), y.copy_(x * k)))\n"
+                    "    t.start()\n    _pending.append(t)\n")
+    ev = _evaluate(src)
+    assert (ev.status.value, ev.reason) == ("INCORRECT_NUMERICAL", "output_changed_after_return"), ev.log
+
+
+def test_a_kernel_wrong_on_one_timed_call_in_eight_is_caught():
+    src = _TIMED + ("_n = [0]\n"
+                    "def run(x, k, y):\n"
+                    "    if _timed():\n        _n[0] += 1\n"
+                    "        if _n[0] % 8 == 0:\n            y.zero_()\n            return\n"
+                    "    y.copy_(x * k)\n")
+    ev = _evaluate(src)
+    assert (ev.status.value, ev.reason) == ("INCORRECT_NUMERICAL", "wrong_while_timed"), ev.log
+
+
+def test_a_cache_used_only_outside_timing_is_caught_by_the_recheck():
+    src = _TIMED + ("_cache = {}\n"
+                    "def run(x, k, y):\n"
+                    "    if _timed():\n        y.copy_(x * k)\n        return\n"
+                    "    key = x.data_ptr()\n    if key not in _cache:\n        _cache[key] = x * k\n"
+                    "    y.copy_(_cache[key])\n")
+    ev = _evaluate(src)
+    assert (ev.status.value, ev.reason) == ("INCORRECT_NUMERICAL", "stale_output"), ev.log
+
+
+def test_a_returned_tensor_subclass_is_refused():
+    src = "class T(torch.Tensor):\n    pass\ndef run(x, k):\n    return (x * k).as_subclass(T)\n"
+    ev = _evaluate(src, dps=False)
+    assert (ev.status.value, ev.reason) == ("INCORRECT_SHAPE", "not_a_plain_tensor"), ev.log
+
+
+def test_a_returned_tensor_on_another_device_dtype_or_shape_is_refused():
+    ev = _evaluate("def run(x, k):\n    return (x * k).double()\n", dps=False)
+    assert (ev.status.value, ev.reason) == ("INCORRECT_DTYPE", "wrong_dtype"), ev.log
+    ev = _evaluate("def run(x, k):\n    return (x * k)[:-1]\n", dps=False)
+    assert (ev.status.value, ev.reason) == ("INCORRECT_SHAPE", "wrong_shape"), ev.log
+
+
+def test_inputs_left_unchanged_by_a_rebound_executor_timer_fail_the_timing(monkeypatch):
+    """The changes between timed calls are made by the candidate's side; one that skips them
+    (here the candidate rebinds the function that makes them) leaves inputs the supervisor sees
+    differ from what the changes leave."""
+    import fibray.evaluate.candidate as fc
+
+    monkeypatch.setattr(fc, "apply_bump", fc.apply_bump)  # in this one process: undone after the test
+    src = ("import fibray.evaluate.candidate as fc\nfc.apply_bump = lambda groups: None\n"
+           "def run(x, k, y):\n    y.copy_(x * k)\n")
+    ev = _evaluate(src)
+    assert (ev.status.value, ev.reason) == ("INCORRECT_NUMERICAL", "mutated_inputs"), ev.log
