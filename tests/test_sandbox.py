@@ -37,17 +37,17 @@ def test_an_executor_runs_in_its_sandbox_as_the_process_that_was_started():
             assert int(f.read().rsplit(")", 1)[1].split()[1]) == os.getpid()  # our child, for the stray reaper
         if ex.pid_namespace:  # pid 1 of its own namespace, below the launcher that relays for it
             (pid,) = sandbox._children(ex.pid)
-            assert hello.value["pid"] == 1
+            assert hello.value.pid == 1
             assert os.readlink(f"/proc/{pid}/ns/pid") != os.readlink("/proc/self/ns/pid")
         else:
             pid = ex.pid
-            assert hello.value["pid"] == ex.pid  # exec'd in place: the pid the supervisor watches and kills
+            assert hello.value.pid == ex.pid  # exec'd in place: the pid the supervisor watches and kills
         limits = _limits(pid)
         assert limits["Max open files"] == "512" and limits["Max processes"] == "300"
         assert limits["Max core file size"] == "0" and limits["Max cpu time"] == "900"
         assert limits["Max address space"] == str(8 << 30)
         first, last = DEFAULT_UID_RANGE
-        assert first <= hello.value["uid"] <= last and ex.privileges_dropped and ex.uid.uid == hello.value["uid"]
+        assert first <= hello.value.uid <= last and ex.privileges_dropped and ex.uid.uid == hello.value.uid
         if sandbox.network_namespaces_available():
             assert os.readlink(f"/proc/{pid}/ns/net") != os.readlink("/proc/self/ns/net") and ex.network_isolated
         assert ex.pid_namespace == sandbox.pid_namespaces_available()
@@ -110,7 +110,7 @@ def test_each_executor_runs_as_a_uid_of_its_own():
     base = reachable_tmpdir("fibray-uids-")
     executors = [sandbox.spawn("cpu", base, sandbox.SandboxPolicy(), single_use=True) for _ in range(3)]
     try:
-        uids = [recv(ex.conn, time.monotonic() + 120, ex.arena).value["uid"] for ex in executors]
+        uids = [recv(ex.conn, time.monotonic() + 120, ex.arena).value.uid for ex in executors]
         assert len(set(uids)) == 3 and 0 not in uids
         for ex, uid in zip(executors, uids):
             st = os.stat(ex.workdir)
