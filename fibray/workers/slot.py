@@ -279,7 +279,7 @@ class GpuSlot:
                     recv(ex.conn, time.monotonic() + deadlines.HEALTH_S, ex.arena)
 
                 with self.gpu.hold(Phases(), "calibration", exclusive=True, keep=ex):
-                    self.overheads[key] = calibrate(calls, s, self.device.type, finish, calls.bound_clock)
+                    self.overheads[key] = calibrate(calls, s, self.device.type, finish, calls.calls.bound_clock)
             finally:
                 if pristine is None:
                     with self._lock:
