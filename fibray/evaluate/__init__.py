@@ -7,8 +7,8 @@ from __future__ import annotations
 __all__ = ["CandidateRunner", "Evaluator", "Judge", "Phases", "SideFault", "TrialOutput", "bound_log",
            "default_device", "environment", "now_iso", "run_job"]
 
-_HOME = {"CandidateRunner": "candidate", "TrialOutput": "candidate", "Evaluator": "run", "Judge": "run",
-         "SideFault": "run", "bound_log": "run", "run_job": "run", "Phases": "phases", "now_iso": "phases",
+_HOME = {"CandidateRunner": "candidate", "TrialOutput": "candidate", "Evaluator": "run", "Judge": "judge",
+         "SideFault": "run", "bound_log": "judge", "run_job": "run", "Phases": "phases", "now_iso": "phases",
          "default_device": "environment", "environment": "environment"}
 
 

@@ -1,0 +1,359 @@
+"""The judge of one evaluation: it holds the inputs and reference outputs of a workload, the
+memory a job's calls run on, and decides verdicts on memory it owns. It never runs candidate code.
+"""
+
+from __future__ import annotations
+
+import math
+import secrets
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import torch
+
+from fibray.compile import build_reference
+from fibray.evaluate.candidate import TimeResult, TrialOutput, normalize_outputs
+from fibray.check import CheckResult, Draws, Tolerance, checker_for, wants_draws
+from fibray.check.base import structural
+from fibray.evaluate.memory import (
+    TIMED_OUTPUT_BYTES, TIMING_BUDGET_BYTES, TIMING_MAX_SETS, GUARD_BYTES, JobMemory, LocalRegion, Region,
+    apply_bump, bump_groups, draw_offsets, judged_calls, plan_layout, sample_size,
+)
+from fibray.evaluate.inputs import BlobCache, clone_args, job_inputs, torch_dtype
+from fibray.schema.reasons import Reason
+from fibray.schema import (
+    Correctness, Definition, Environment, EvalSettings, Evaluation, EvaluationStatus, Job, Performance,
+)
+from fibray.evaluate.phases import now_iso
+from fibray.timing import LatencyStats, Timing, time_calls
+from fibray.timing.roofline import DeviceCaps, below_floor, device_caps
+from fibray.timing.timer import calls_after_warmup
+
+Status = EvaluationStatus
+
+
+
+def bound_log(text: str, limit: int) -> str:
+    """Keep the head and the tail of a long log (the tail holds the exception)."""
+    if len(text) <= limit:
+        return text
+    head = limit // 4
+    tail = limit - head - 40
+    return f"{text[:head]}\n... [{len(text) - head - tail} chars cut] ...\n{text[-tail:]}"
+
+
+@dataclass
+class _Timed:
+    """What a workload's timed calls made must have produced: the reference outputs of every call
+    whose outputs the supervisor can judge, and every input set as it must be after the last call."""
+
+    refs: dict[int, list[torch.Tensor]]
+    final: list[list[Any]]
+
+
+@dataclass
+class _WorkloadState:
+    """Inputs and reference outputs of one workload: trials 0..n-1 and the re-check set n."""
+
+    inputs: list[list[Any]]
+    refs: list[list[torch.Tensor]]
+    ref_stats: Optional[LatencyStats] = None
+    ref_job: Optional[str] = None
+    """The job whose evaluation timed `ref_stats`."""
+    nbytes: int = 0
+    extra: list[list[Any]] = field(default_factory=list)
+    """Further input sets for timing (trial indices past the re-check set)."""
+    offsets: list[int] = field(default_factory=list)
+    """The secret column each timed call changes (drawn once per workload, here, never by an executor)."""
+    timed: dict[tuple, _Timed] = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+@dataclass
+class _JobPlan:
+    """How one job's timing is laid out: input sets, calls per set, timed calls (both passes)."""
+
+    sets: int
+    iterations: int
+    calls: int
+    """Timed calls planned (both passes); an adaptive timing makes fewer."""
+    offsets: list[int]
+
+
+def _nbytes(args: list[Any]) -> int:
+    return sum(a.numel() * a.element_size() for a in args if isinstance(a, torch.Tensor))
+
+
+def _local(size: int, device: torch.device) -> Region:
+    return LocalRegion(size, device)
+
+
+class Judge:
+    """Holds references and decides verdicts; never runs candidate code."""
+
+    def __init__(self, workdir: Path, device: torch.device, env: Environment, cache_bytes: int = 2 << 30,
+                 regions: Optional[Callable[[int, torch.device], Region]] = None, region_kind: Optional[str] = None) -> None:
+        self.workdir, self.device, self.env = Path(workdir), device, env
+        self.regions = regions or _local
+        """Allocates a job's region: plain memory in this process by default; a slot passes host shared
+        memory (CPU) or CUDA VMM (GPU), which its executors map."""
+        self.region_kind = region_kind or "local"
+        self.blobs = BlobCache()
+        self._refs: dict[str, Any] = {}
+        self._workloads: OrderedDict[tuple, _WorkloadState] = OrderedDict()
+        self._cache_bytes = cache_bytes
+        self._lock = threading.Lock()
+        self._building: dict[tuple, threading.Lock] = {}
+        """One lock per workload being materialised: lanes on the same workload build it once."""
+        self.caps: Optional[DeviceCaps] = None
+        """The device's measured bandwidth and throughput for the roofline floor (measured on first use; none on a CPU)."""
+
+    # -- verdict helpers -------------------------------------------------------------------
+    def fail(self, status: Status | str, reason: str, log: str, s: EvalSettings, metrics: Optional[CheckResult] = None) -> Evaluation:
+        status = Status(status)
+        corr = None
+        if status == Status.INCORRECT_NUMERICAL:
+            m = metrics or CheckResult(max_abs=float("nan"), max_rel=float("nan"))
+            corr = Correctness(max_absolute_error=m.max_abs, max_relative_error=m.max_rel, extra=m.extra or None)
+        return Evaluation(status=status, reason=reason, log=bound_log(log, s.log_limit), correctness=corr,
+                          environment=self.env, timestamp=now_iso())
+
+    # -- reference side --------------------------------------------------------------------
+    def _reference(self, definition: Definition):
+        key = definition.name + ":" + str(hash(definition.reference))
+        with self._lock:  # lanes ask for it from several threads
+            if key not in self._refs:
+                self._refs[key] = build_reference(definition.reference, definition.name, self.workdir / "references")
+            return self._refs[key]
+
+    def state(self, job: Job) -> _WorkloadState:
+        """Inputs and reference outputs of the job's workload (cached per workload). Raises InputError."""
+        s = job.settings
+        key = (job.definition.name, hash(job.definition.reference), job.workload.uuid, s.seed, s.trials, job.dataset_root,
+               job.input_key, s.input_distribution)  # random_inputs is part of the definition, as its reference is
+        with self._lock:
+            state = self._workloads.get(key)
+            if state is not None:
+                self._workloads.move_to_end(key)
+                return state
+            building = self._building.setdefault(key, threading.Lock())
+        with building:
+            with self._lock:
+                state = self._workloads.get(key)
+            if state is None:
+                state = self._materialise(job)
+                with self._lock:
+                    self._workloads[key] = state
+                    while len(self._workloads) > 1 and sum(w.nbytes for w in self._workloads.values()) > self._cache_bytes:
+                        self._workloads.popitem(last=False)
+            with self._lock:
+                self._building.pop(key, None)
+        return state
+
+    def _materialise(self, job: Job) -> _WorkloadState:
+        s = job.settings
+        ref = self._reference(job.definition)
+        inputs, refs = [], []
+        for trial in range(s.trials + 1):
+            args = job_inputs(job, trial, self.device, self.blobs)
+            with torch.no_grad():
+                out = normalize_outputs(ref(*clone_args(args)), job.definition)
+            refs.append([torch.as_tensor(o).to(self.device, torch_dtype(spec.dtype))
+                         for o, spec in zip(out, job.definition.outputs.values())])
+            inputs.append(args)
+        nbytes = sum(t.numel() * t.element_size() for g in (*inputs, *refs) for t in g if isinstance(t, torch.Tensor))
+        return _WorkloadState(inputs=inputs, refs=refs, nbytes=nbytes)
+
+    def tolerance(self, job: Job) -> tuple[Tolerance, str]:
+        c, s = job.definition.check, job.settings
+        tol = Tolerance(
+            atol=c.atol if c and c.atol is not None else s.atol,
+            rtol=c.rtol if c and c.rtol is not None else s.rtol,
+            matched_ratio=c.matched_ratio if c and c.matched_ratio is not None else s.matched_ratio,
+        )
+        return tol, (c.kind if c else "elementwise")
+
+    # -- the job's memory and what the supervisor verifies in it ----------------------------
+    def open(self, job: Job, state: _WorkloadState) -> tuple[JobMemory, _JobPlan]:
+        """Allocate the job's region, write every input set into it and poison every output buffer.
+        Timing uses the trials' sets and further ones (at most TIMING_MAX_SETS, TIMING_BUDGET_BYTES);
+        each timed call writes its own output buffers while they fit in TIMED_OUTPUT_BYTES."""
+        s, d = job.settings, job.definition
+        trials = state.inputs[: s.trials]
+        per_set = _nbytes(trials[0]) or 1
+        extra = max(0, min(s.iterations * s.trials, TIMING_MAX_SETS, TIMING_BUDGET_BYTES // per_set) - s.trials)
+        with state.lock:
+            while len(state.extra) < extra:  # trial indices past the checked ones and the re-check
+                state.extra.append(self._materialise_set(job, s.trials + 1 + len(state.extra)))
+        sets = [*trials, *state.extra[:extra]]
+        iterations = max(1, -(-s.iterations * len(trials) // len(sets)))
+        calls = calls_after_warmup(iterations, len(sets), self.device, s.sync_device)
+        specs = [(torch_dtype(o.dtype), tuple(d.shape_of(o, job.workload.axes) or ())) for o in d.outputs.values()]
+        out_bytes = sum(math.prod(shape) * torch.empty((), dtype=dt).element_size() + 2 * GUARD_BYTES for dt, shape in specs)
+        dps = job.solution.spec.destination_passing_style
+        snapshots = dps and self.device.type == "cpu"
+        buffers = min(calls, max(1, TIMED_OUTPUT_BYTES // (out_bytes * (2 if snapshots else 1))))
+        layout = plan_layout(self.region_kind, str(self.device), sets, specs, s.trials, dps, buffers, snapshots)
+        mem = JobMemory(self.regions(layout.size, self.device), layout, self.device)
+        try:
+            for i, values in enumerate(sets):
+                mem.write_inputs(i, values)
+            mem.prepare_outputs(list(range(len(layout.outputs))))
+            mem.settle()
+        except BaseException:
+            mem.close()
+            raise
+        with state.lock:
+            while len(state.offsets) < calls:
+                state.offsets.extend(draw_offsets(calls - len(state.offsets)))
+            offsets = state.offsets[:calls]
+        return mem, _JobPlan(sets=len(sets), iterations=iterations, calls=calls, offsets=offsets)
+
+    def _materialise_set(self, job: Job, trial: int) -> list[Any]:
+        return job_inputs(job, trial, self.device, self.blobs)
+
+    def _timed(self, job: Job, state: _WorkloadState, mem: JobMemory, sets: list[list[Any]], called: list[int]) -> _Timed:
+        """The reference of every judged timed call, computed here on this side's own copy of the
+        input sets changed exactly as the calls made must have changed them (cached per workload)."""
+        buffers = len(mem.layout.timed)
+        key = (len(sets), buffers, tuple(called))
+        with state.lock:
+            if key in state.timed:
+                return state.timed[key]
+            ref = self._reference(job.definition)
+            judged = set(judged_calls(called, buffers).values())
+            work = [clone_args(a) for a in sets]
+            refs: dict[int, list[torch.Tensor]] = {}
+            for i in called:
+                args = work[i % len(work)]
+                apply_bump(bump_groups(args, state.offsets[i]))
+                if i in judged:
+                    with torch.no_grad():
+                        out = normalize_outputs(ref(*clone_args(args)), job.definition)
+                    refs[i] = [torch.as_tensor(o).to(self.device, torch_dtype(spec.dtype))
+                               for o, spec in zip(out, job.definition.outputs.values())]
+            timed = state.timed[key] = _Timed(refs=refs, final=work)
+            state.nbytes += sum(_nbytes(r) for r in refs.values()) + sum(_nbytes(w) for w in work)
+        return timed
+
+    def check_call(self, job: Job, mem: JobMemory, s_index: int, k: int, inputs: list[Any], refs: list[torch.Tensor],
+                   out: TrialOutput) -> CheckResult:
+        """Judge one call on the supervisor's own mapping: what the executor said against itself,
+        guard bytes, inputs byte for byte, then the outputs with the numerical checker."""
+        if out.failure is not None:
+            f = out.failure
+            return CheckResult(status=Status(f.status), reason=f.reason, message=f.log)
+        if not mem.guards_intact(k):
+            return CheckResult(Status.INCORRECT_NUMERICAL, Reason.OUT_OF_BOUNDS_WRITE, "bytes around an output buffer were overwritten")
+        changed = mem.changed_input(s_index, inputs)
+        if changed is not None:
+            name = list(job.definition.inputs)[changed]
+            return CheckResult(Status.INCORRECT_NUMERICAL, Reason.MUTATED_INPUTS, f"input {name!r} was modified by the call")
+        tol, kind = self.tolerance(job)
+        checker = checker_for(kind)
+        if wants_draws(checker):  # a stochastic output (sampling) is judged over many draws
+            return checker(mem.outputs(k), refs, list(job.definition.outputs), tol, draws=Draws(job.definition, inputs, out.draws))
+        return checker(mem.outputs(k), refs, list(job.definition.outputs), tol)
+
+    def unchanged_sets(self, job: Job, mem: JobMemory, expected: list[list[Any]], what: str) -> CheckResult:
+        """Every input set of the region against what it must hold."""
+        for j, values in enumerate(expected):
+            changed = mem.changed_input(j, values)
+            if changed is not None:
+                name = list(job.definition.inputs)[changed]
+                return CheckResult(Status.INCORRECT_NUMERICAL, Reason.MUTATED_INPUTS, f"input {name!r} of set {j} {what}")
+        return CheckResult()
+
+    def check_timed(self, job: Job, state: _WorkloadState, mem: JobMemory, plan: _JobPlan, sets: list[list[Any]],
+                    result: TimeResult) -> CheckResult:
+        """After a timing: every input set as the changes of the calls made left it, and the outputs
+        of a sample of the timed calls (sample_size of them, drawn now, after the calls) against their
+        references, guard bytes and (CPU, DPS) the copy taken as each call returned."""
+        if result.failure is not None:
+            f = result.failure
+            return CheckResult(status=Status(f.status), reason=f.reason, message=f"in a timed call: {f.log}")
+        called = result.called
+        if not called or any(b <= a for a, b in zip(called, called[1:])) or called[-1] >= plan.calls or called[0] < 0:
+            return CheckResult(Status.RUNTIME_ERROR, Reason.BAD_TIMING_REPORT,
+                               f"the executor's list of timed calls made is not increasing indices below {plan.calls}")
+        layout = mem.layout
+        timed = self._timed(job, state, mem, sets, called)
+        bad = self.unchanged_sets(job, mem, timed.final, "differs from what the changes between timed calls leave")
+        if not bad.ok:
+            return bad
+        tol, kind = self.tolerance(job)
+        checker, names = checker_for(kind), list(job.definition.outputs)
+        judged = judged_calls(called, len(layout.timed))
+        verdict = CheckResult()
+        for b in sorted(secrets.SystemRandom().sample(sorted(judged), sample_size(len(judged)))):
+            call, k = judged[b], layout.timed[b]
+            if not mem.guards_intact(k):
+                return CheckResult(Status.INCORRECT_NUMERICAL, Reason.OUT_OF_BOUNDS_WRITE,
+                                   f"bytes around an output buffer of timed call {call} were overwritten")
+            outs = mem.outputs(k)
+            if layout.snapshots:
+                snap = mem.outputs(layout.snapshots[b])
+                if not all(torch.equal(a.reshape(-1).view(torch.uint8), c.reshape(-1).view(torch.uint8)) for a, c in zip(outs, snap)):
+                    return CheckResult(Status.INCORRECT_NUMERICAL, Reason.OUTPUT_CHANGED_AFTER_RETURN,
+                                       f"the outputs of timed call {call} changed after the call returned")
+            if wants_draws(checker):  # random outputs: judged over draws in the trials; here their shape and kind
+                one = next((r for r in (structural(o, ref, n) for o, ref, n in zip(outs, timed.refs[call], names)) if r), None)
+                one = one or CheckResult()
+            else:
+                one = checker(outs, timed.refs[call], names, tol)
+            if not one.ok:
+                return CheckResult(one.status, Reason.WRONG_WHILE_TIMED, f"timed call {call} ({one.reason}): {one.message}",
+                                   max_abs=one.max_abs, max_rel=one.max_rel)
+            verdict.merge(one)
+        return verdict
+
+    def reference_latency(self, job: Job, state: _WorkloadState) -> LatencyStats:
+        if state.ref_stats is None:
+            s = job.settings
+            arg_sets = [clone_args(a) for a in state.inputs[: s.trials]]
+            with torch.no_grad():
+                timing = time_calls(self._reference(job.definition), arg_sets, warmup=s.warmup, iterations=s.iterations,
+                                    device=self.device, flush_l2=s.flush_l2, sync_device=s.sync_device,
+                                    adaptive=s.timing == "adaptive")
+            state.ref_stats, state.ref_job = LatencyStats.of(timing.samples_ms), job.job_id
+        return state.ref_stats
+
+    def known_reference(self, job: Job):
+        """The reference latency the store already holds for this job's environment (a KnownReference), or None."""
+        from fibray.schema.job import environment_key
+
+        if not job.settings.time_reference or not job.known_references:
+            return None
+        return job.known_references.get(environment_key(self.env.hardware, self.env.libs))
+
+    def passed(self, job: Job, state: _WorkloadState, verdict: CheckResult, timing: Timing) -> Evaluation:
+        s = job.settings
+        stats = LatencyStats.of(timing.samples_ms)
+        if self.caps is None:
+            self.caps = device_caps(self.device)  # under the exclusive GPU (reference timing's hold)
+        too_fast = below_floor(stats.median_ms, job.definition, job.workload.axes, self.caps)
+        if too_fast is not None:  # skipped work or a fooled timer, not a fast kernel
+            return self.fail(Status.RUNTIME_ERROR, Reason.BELOW_ROOFLINE, too_fast, s)
+        known = self.known_reference(job)
+        source, ref_job = (None, None) if not s.time_reference else ("reused", known.job_id) if known else ("measured", None)
+        if known is not None:
+            ref_ms = known.latency_ms
+        else:
+            ref_ms = self.reference_latency(job, state).median_ms if s.time_reference else 0.0
+            ref_job = state.ref_job if s.time_reference else None
+        perf = Performance(
+            latency_ms=stats.median_ms, reference_latency_ms=ref_ms,
+            speedup_factor=ref_ms / stats.median_ms if stats.median_ms > 0 and ref_ms > 0 else 0.0,
+            latency_p95_ms=stats.p95_ms, latency_mean_ms=stats.mean_ms, latency_cv=stats.cv, n_samples=stats.n,
+            timing_mode=timing.mode, reference_latency_source=source, reference_job_id=ref_job,
+        )
+        corr = Correctness(max_absolute_error=verdict.max_abs, max_relative_error=verdict.max_rel, extra=verdict.extra or None)
+        return Evaluation(status=Status.PASSED, correctness=corr, performance=perf, environment=self.env, timestamp=now_iso())
+
+    def failed(self, job: Job, verdict: CheckResult) -> Evaluation:
+        return self.fail(verdict.status, verdict.reason or Reason.FAILED, verdict.message, job.settings, metrics=verdict)
+
+
