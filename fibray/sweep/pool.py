@@ -6,7 +6,7 @@ round trip between jobs; its supervisor escalates faulty jobs to fresh processes
 isolated for the rest of the sweep and is quarantined after K faults (each remaining job
 still gets a record); a slot that dies or stops answering is replaced and its job re-run
 (the store, not this loop, guarantees a job is recorded once). Jobs are grouped by
-solution so an executor (which serves one solution) serves all of its jobs before it retires.
+workload so a slot reuses its inputs and reference outputs.
 """
 
 from __future__ import annotations
@@ -165,10 +165,8 @@ class WorkerPool:
 
     # -- scheduling ------------------------------------------------------------------------
     def run(self, jobs: Iterable[Job], on_result: Callable[[Job, JobResult], None],
-            group_of: Callable[[Job], Any] = lambda j: (j.definition.name, j.solution.hash)) -> None:
-        """Run every job to a result; returns when all are recorded. Jobs are grouped by solution: an
-        executor serves one solution and is then retired, so a slot that moves to another solution pays a
-        fresh executor (grouped by workload, nearly every job did: 61 of 63 on the smoke sweep)."""
+            group_of: Callable[[Job], Any] = lambda j: (j.definition.name, j.workload.uuid)) -> None:
+        """Run every job to a result; returns when all are recorded."""
         groups: OrderedDict[Any, deque[Job]] = OrderedDict()
         for job in jobs:
             groups.setdefault(group_of(job), deque()).append(job)
