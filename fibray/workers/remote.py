@@ -52,7 +52,9 @@ class RemoteCalls:
         self.run_spent = 0.0
         """Seconds the executor has spent on this job's run requests: the run deadline counts these
         only, not the time the job waited between them, nor the time it was stopped (other lanes' timings)."""
-        self.threads = threads_of(ex.pid)
+        self.executor_pid = ex.executor_pid()
+        """The executor's host pid (below its relay in a PID namespace, where ex.pid is the relay's)."""
+        self.threads = threads_of(self.executor_pid)
         """The executor's threads when the job started (from /proc, not from the executor)."""
 
     def _ask(self, req: Request, deadline: float, phase: str, fds: Optional[list[int]] = None) -> Reply:
@@ -107,7 +109,7 @@ class RemoteCalls:
     def _left_running(self) -> Optional[CandidateFailure]:
         """Threads of the executor beyond those it had when the job started, read from /proc after a
         request returned: work the candidate left running after its call (it counts, or fails the job)."""
-        now = threads_of(self.ex.pid)
+        now = threads_of(self.executor_pid)
         if now > self.threads:
             return CandidateFailure(status="RUNTIME_ERROR", reason=Reason.WORK_LEFT_RUNNING,
                                     log=f"the executor had {now - self.threads} more thread(s) after the call returned "
