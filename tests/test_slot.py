@@ -245,3 +245,24 @@ def test_what_a_solution_leaves_in_its_executor_never_reaches_the_next_solution(
         assert result.evaluation.status.value == "PASSED", result.evaluation.log[-500:]
     assert slot.active.pid != pid  # one executor, one solution: retired, not reused
     assert slot.counters["solution_changes" if offender == "offender_patches_torch" else "retired"] >= 1
+
+
+def test_jobs_sent_ahead_of_a_solutions_faults_run_isolated_then_are_quarantined(tmp_path):
+    """The driver learns of a fault only when its job returns; jobs of the same solution already
+    waiting in the slot must not each pay a persistent executor and an escalation, and must stop
+    once the slot has seen spec.quarantine_after faults of it."""
+    s = GpuSlot(SlotSpec("quarantine", workdir=str(reachable_tmpdir("fibray-slot-q-")), standby=False, spare_isolated=1,
+                         quarantine_after=2))
+    try:
+        s.info()
+        jobs = _candidate_jobs("offender_os_exit")
+        assert len(jobs) >= 3
+        results = [s.evaluate(job, "auto", now_iso()) for job in jobs[:3]]
+        first, second, third = (r.evaluation for r in results)
+        assert results[0].escalated and results[0].isolation == "isolated"  # ran persistent, faulted, escalated
+        assert not results[1].escalated and results[1].isolation == "isolated"  # isolated at once: the slot saw a fault
+        assert first.reason == second.reason == "crashed", (first.reason, second.reason)
+        assert (third.status.value, third.reason, results[2].isolation) == ("RUNTIME_ERROR", "quarantined", "none")
+        assert "quarantined after 2 faults" in third.log
+    finally:
+        s.shutdown()

@@ -55,7 +55,8 @@ class RemoteCalls:
         self.executor_pid = ex.executor_pid()
         """The executor's host pid (below its relay in a PID namespace, where ex.pid is the relay's)."""
         self.threads = threads_of(self.executor_pid)
-        """The executor's threads when the job started (from /proc, not from the executor)."""
+        """The executor's threads when the job started, then once its solution is built (from /proc,
+        not from the executor): a call that returns leaving more is work left running."""
 
     def _ask(self, req: Request, deadline: float, phase: str, fds: Optional[list[int]] = None) -> Reply:
         try:
@@ -96,6 +97,8 @@ class RemoteCalls:
 
     def build(self, job: Job) -> Optional[BuildError]:
         reply = self._ask(Request(Op.BUILD, job), time.monotonic() + job.settings.build_deadline_s, "build")
+        # threads its import started (a library's pool) are the module's; its calls may leave none
+        self.threads = threads_of(self.executor_pid)
         return None if reply.ok else BuildError(reply.error, reply.reason or Reason.BUILD_FAILED)
 
     def attach(self, job: Job, layout: Layout, region: Region) -> None:

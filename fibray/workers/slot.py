@@ -21,7 +21,7 @@ import torch
 from fibray import deadlines
 from fibray.compile import prepare_triton
 from fibray.evaluate.memory import HostRegion
-from fibray.schema.reasons import Reason
+from fibray.schema.reasons import FAULT_REASONS, Reason
 from fibray.evaluate.environment import default_device, environment
 from fibray.evaluate.phases import now_iso
 from fibray.evaluate.run import Judge, bound_log, run_job
@@ -66,6 +66,9 @@ class GpuSlot:
                            self._alone)
         self.counters = {"promotions": 0, "retired": 0, "solution_changes": 0, "escalations": 0, "strays_killed": 0}
         self._busy = 0
+        self.faults: dict[str, list[Status]] = {}
+        """Per solution hash, the statuses of the faults this slot saw (a job sent ahead of its
+        solution's faults runs isolated, or not at all once they reach spec.quarantine_after)."""
         self._lanes = threading.Semaphore(spec.lanes)
         """A job (persistent or isolated) holds a lane; a job sent ahead of time waits here for one."""
         self.spec = spec
@@ -300,8 +303,19 @@ class GpuSlot:
         started_at = now_iso()  # a job sent ahead of time starts when it gets its lane
         with self._lock:
             self._busy += 1
+            seen = list(self.faults.get(job.solution.hash, ()))
         try:
-            return self._evaluate(job, mode, started_at, phase)
+            if len(seen) >= self.spec.quarantine_after:
+                status = Status.TIMEOUT if seen[-1] == Status.TIMEOUT else Status.RUNTIME_ERROR
+                evaluation = self.judge.fail(status, Reason.QUARANTINED,
+                                             f"solution quarantined after {len(seen)} faults; not run", job.settings)
+                return JobResult(job_id=job.job_id, evaluation=evaluation, worker=self.name, isolation="none",
+                                 attempt=job.attempt, started_at=started_at, finished_at=now_iso(), phases=phase)
+            result = self._evaluate(job, "isolated" if seen else mode, started_at, phase)
+            if result.escalated or result.evaluation.reason in FAULT_REASONS:
+                with self._lock:
+                    self.faults.setdefault(job.solution.hash, []).append(result.evaluation.status)
+            return result
         except NoExecutor as e:  # e.g. spares killed as they warmed up: a verdict, never a stopped sweep
             evaluation = self.judge.fail(Status.RUNTIME_ERROR, Reason.EXECUTOR_UNAVAILABLE,
                                          bound_log(str(e), job.settings.log_limit), job.settings)

@@ -32,11 +32,15 @@ class SlotSpec:
     """Pre-warmed single-use executors for fresh-process isolation (0 when never isolating)."""
     lanes: int = 1
     """Jobs in flight at once, each on its own persistent executor (timing stays exclusive)."""
+    quarantine_after: int = 3
+    """Faults of one solution this slot has seen before its further jobs here are not run (quarantined)."""
 
     def __post_init__(self) -> None:
         if self.lanes < 1:
             raise ValueError(f"SlotSpec.lanes: must be at least 1, got {self.lanes}")
         if self.spare_isolated < 0:
             raise ValueError(f"SlotSpec.spare_isolated: must be at least 0, got {self.spare_isolated}")
+        if self.quarantine_after < 1:
+            raise ValueError(f"SlotSpec.quarantine_after: must be at least 1, got {self.quarantine_after}")
         if self.torch_threads is not None and self.torch_threads < 1:
             raise ValueError(f"SlotSpec.torch_threads: must be at least 1 or None, got {self.torch_threads}")
