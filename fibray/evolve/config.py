@@ -9,10 +9,10 @@ from __future__ import annotations
 import re
 from typing import Any, Literal, Optional
 
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from fibray.schema import EvalSettings
-from fibray.sweep.config import ClusterConfig, ConfigError, DatasetConfig, RunnerConfig, StoreConfig, _Strict
+from fibray.sweep.config import ClusterConfig, DatasetConfig, RunnerConfig, StoreConfig, _Strict, validate_model
 
 __all__ = ["BudgetConfig", "EvolveConfig", "EvolveSection", "GeneratorConfig", "SplitConfig", "validate_evolve_config"]
 
@@ -99,19 +99,4 @@ class EvolveConfig(_Strict):
 
 def validate_evolve_config(raw: dict[str, Any]) -> EvolveConfig:
     """Validate a plain dict (the resolved Hydra config) into an EvolveConfig."""
-    raw = {k: v for k, v in raw.items() if k != "hydra"}
-    try:
-        return EvolveConfig.model_validate(raw)
-    except ValidationError as e:
-        lines = []
-        for err in e.errors():
-            key = ".".join(str(x) for x in err["loc"])
-            msg = err["msg"].removeprefix("Value error, ")
-            if err["type"] == "extra_forbidden":
-                msg = "unknown key"
-            elif err["type"] == "missing":
-                msg = "required key is missing"
-            elif err["type"] != "value_error":
-                msg = f"{msg} (got {err.get('input')!r})"
-            lines.append(f"  {key}: {msg}")
-        raise ConfigError("invalid evolve configuration:\n" + "\n".join(lines)) from None
+    return validate_model(EvolveConfig, raw, "evolve")

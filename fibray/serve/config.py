@@ -8,10 +8,10 @@ from __future__ import annotations
 import re
 from typing import Any, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from fibray.schema import EvalSettings
-from fibray.sweep.config import ClusterConfig, ConfigError, RunnerConfig, StoreConfig
+from fibray.sweep.config import ClusterConfig, RunnerConfig, StoreConfig, validate_model
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
@@ -81,17 +81,4 @@ class ServeConfig(_Strict):
 
 def validate_serve_config(raw: dict[str, Any]) -> ServeConfig:
     """Validate the resolved Hydra config into a ServeConfig; ConfigError names every bad key."""
-    raw = {k: v for k, v in raw.items() if k != "hydra"}
-    try:
-        return ServeConfig.model_validate(raw)
-    except ValidationError as e:
-        lines = []
-        for err in e.errors():
-            key = ".".join(str(x) for x in err["loc"])
-            msg = err["msg"].removeprefix("Value error, ")
-            if err["type"] == "extra_forbidden":
-                msg = "unknown key"
-            elif err["type"] != "missing":
-                msg = f"{msg} (got {err.get('input')!r})"
-            lines.append(f"  {key}: {msg}")
-        raise ConfigError("invalid service configuration:\n" + "\n".join(lines)) from None
+    return validate_model(ServeConfig, raw, "service")

@@ -7,12 +7,15 @@ from __future__ import annotations
 
 import difflib
 import re
-from typing import Annotated, Any, Literal, Optional, Union
+from typing import Annotated, Any, Callable, Literal, Optional, TypeVar, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from fibray import deadlines
 from fibray.schema import EvalSettings
+
+
+M = TypeVar("M", bound=BaseModel)
 
 
 class ConfigError(ValueError):
@@ -190,24 +193,31 @@ def unknown_key_message(key: str) -> Optional[str]:
     return f"unknown key {key}{hint}"
 
 
-def validate_config(raw: dict[str, Any]) -> SweepConfig:
-    """Validate a plain dict (the resolved Hydra config) into a SweepConfig."""
+def validate_model(model: type[M], raw: dict[str, Any], what: str,
+                   unknown: Callable[[str], Optional[str]] = lambda key: None) -> M:
+    """Validate a plain dict (a resolved Hydra config, its `hydra` section left out) into `model`;
+    ConfigError names every bad key. `unknown(key)` may explain an unknown key (None: "unknown key")."""
     raw = {k: v for k, v in raw.items() if k != "hydra"}
     try:
-        return SweepConfig.model_validate(raw)
+        return model.model_validate(raw)
     except ValidationError as e:
         lines = []
         for err in e.errors():
             key = ".".join(str(x) for x in err["loc"])
             msg = err["msg"].removeprefix("Value error, ")
             if err["type"] == "extra_forbidden":
-                lines.append(unknown_key_message(key) or f"{key}: unknown key")
+                lines.append(unknown(key) or f"{key}: unknown key")
                 continue
             if err["type"] == "missing":
                 msg = "required key is missing"
-            else:
+            elif err["type"] != "value_error":
                 msg = f"{msg} (got {err.get('input')!r})"
             lines.append(f"{key}: {msg}")
         if len(lines) == 1:
-            raise ConfigError(f"invalid sweep configuration: {lines[0]}") from None
-        raise ConfigError("invalid sweep configuration:\n" + "\n".join(f"  {ln}" for ln in lines)) from None
+            raise ConfigError(f"invalid {what} configuration: {lines[0]}") from None
+        raise ConfigError(f"invalid {what} configuration:\n" + "\n".join(f"  {ln}" for ln in lines)) from None
+
+
+def validate_config(raw: dict[str, Any]) -> SweepConfig:
+    """Validate a plain dict (the resolved Hydra config) into a SweepConfig."""
+    return validate_model(SweepConfig, raw, "sweep", unknown_key_message)
