@@ -266,3 +266,21 @@ def test_jobs_sent_ahead_of_a_solutions_faults_run_isolated_then_are_quarantined
         assert "quarantined after 2 faults" in third.log
     finally:
         s.shutdown()
+
+
+def test_a_process_hosting_a_slot_keeps_its_own_children(slot):
+    """The stray reap kills what candidates left (they run as other uids), not the host process's
+    own children: a slot in a pytest or notebook process that started a local Ray must not kill
+    its raylet (the driver then exits at once, with no word)."""
+    import subprocess
+
+    if not slot.spec.sandbox.drop_privileges or os.geteuid() != 0:
+        pytest.skip("executors run as our own uid here: every child of ours is a suspect")
+    own = subprocess.Popen(["sleep", "60"])
+    try:
+        result = slot.evaluate(_jobs()[0].model_copy(update={"job_id": "own-child"}), "auto", now_iso())
+        assert result.evaluation.status.value == "PASSED", result.evaluation.log[-300:]
+        assert own.poll() is None, "the slot killed a child of its host process"
+    finally:
+        own.kill()
+        own.wait()

@@ -237,7 +237,7 @@ class GpuSlot:
         the only one running; with several lanes they cannot be told apart, and are only killed."""
         with self._lock:
             keep = {e.pid for e in (*self.persistent, self.standby, *self.fresh, *self.in_use) if e is not None}
-            strays = sandbox.reap_strays(keep)
+            strays = sandbox.reap_strays(keep, self.spec.sandbox.drop_privileges)
             self.counters["strays_killed"] += len(strays)
         return strays if job_alone else []
 
@@ -404,4 +404,4 @@ class GpuSlot:
         for ex in (*self.persistent, self.standby, *self.fresh, *self.in_use):
             if ex is not None:
                 sandbox.retire(ex)
-        sandbox.reap_strays(set())
+        sandbox.reap_strays(set(), self.spec.sandbox.drop_privileges)

@@ -411,16 +411,31 @@ def _stat(pid: int) -> tuple[int, str]:
     return int(fields[1]), fields[0].decode()
 
 
-def reap_strays(keep: set[int]) -> list[int]:
+def _real_uid(pid: int) -> int:
+    with open(f"/proc/{pid}/status", "rb") as f:
+        for line in f:
+            if line.startswith(b"Uid:"):
+                return int(line.split()[1])
+    raise ValueError(f"no Uid line for {pid}")
+
+
+def reap_strays(keep: set[int], candidates_run_as_others: bool = False) -> list[int]:
     """Kill every live child of this process that is not a known executor (orphans that
-    re-parented to us); collect exited ones (zombies) without counting them."""
+    re-parented to us); collect exited ones (zombies) without counting them.
+
+    `candidates_run_as_others`: every executor runs as a uid other than ours (privileges
+    dropped), so a child whose real uid is ours cannot descend from a candidate and is spared
+    (a process that hosts a slot may have children of its own: a local Ray's raylet, for one).
+    Otherwise every child but `keep` is a stray."""
     me, killed = os.getpid(), []
+    ours = os.getuid()
     for child in descendants(me):
         try:
             ppid, state = _stat(child)
+            spared = candidates_run_as_others and _real_uid(child) == ours
         except (OSError, ValueError, IndexError):
             continue
-        if ppid != me or child in keep:
+        if ppid != me or child in keep or spared:
             continue
         if state != "Z":
             kill_tree(child, child)
