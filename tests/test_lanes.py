@@ -258,21 +258,9 @@ def test_every_offender_gets_its_verdict_with_two_lanes(tmp_path, local_ray):
         assert (row["status"], row["reason"]) == (status, reason), f"{name}: {row['log'][-500:]}"
 
 
-_TICKER = '''import os
-import time
+_TICKER = '''import time
 
 import torch
-
-
-def _host_pid():
-    """This process's pid as the host sees it (the first NSpid field: executors may run in a pid namespace)."""
-    for line in open("/proc/self/status"):
-        if line.startswith("NSpid:"):
-            return int(line.split()[1])
-    return os.getpid()
-
-
-HOST_PID = _host_pid()
 
 
 def run(hidden_states, weight, output):
@@ -281,13 +269,12 @@ def run(hidden_states, weight, output):
     end = time.time() + 0.25
     with open(TICKS, "a") as f:  # CPU work of this lane (as a JIT compile is), stamped as it goes
         while time.time() < end:
-            f.write(f"{HOST_PID} {time.time()}\\n")
+            f.write(f"{time.time()}\\n")
             f.flush()
             time.sleep(0.0005)
 '''
 
-_STOPS_ITSELF = '''import os
-import signal
+_STOPS_ITSELF = '''import ctypes
 
 import torch
 
@@ -295,7 +282,10 @@ import torch
 def run(hidden_states, weight, output):
     x = hidden_states.float()
     output.copy_((x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5) * weight.float()).to(output.dtype))
-    os.kill(os.getpid(), signal.SIGSTOP)  # a hung neighbour: its executor can ack nothing
+    open(MARK, "w").close()  # the test starts the honest lane's jobs now
+    # a hung neighbour: C code that holds the GIL, so its executor's side channel can ack nothing
+    # (a SIGSTOP to itself does not do: as pid 1 of its PID namespace, it ignores it)
+    ctypes.PyDLL(None).sleep(15)
 '''
 
 
@@ -308,15 +298,30 @@ def _ticks_inside_windows(slot, ticker_job, honest_jobs, tmp) -> tuple[int, int,
     source = _TICKER.replace("TICKS", repr(str(ticks)))
     first = len(slot.quiet.windows)
     jobs = [ticker_job.model_copy(update={"solution": _solution("ticker", source)}), *honest_jobs]
-    results = _concurrently(slot, jobs)
+    own: set[int] = set()  # the slot knows an executor by the pid it started (the relay, in a PID namespace)
+    take = slot._take_persistent
+
+    def recording(solution: str):
+        ex = take(solution)
+        if solution == jobs[0].solution.hash:
+            own.add(ex.pid)
+        return ex
+
+    slot._take_persistent = recording
+    try:  # the honest lane's jobs start once the ticker ticks, so that their timings overlap its work
+        results: dict = {}
+        ticking = threading.Thread(target=lambda: results.update(_concurrently(slot, jobs[:1])))
+        ticking.start()
+        t0 = time.monotonic()
+        while not ticks.stat().st_size and time.monotonic() - t0 < 60:
+            time.sleep(0.01)
+        results.update(_concurrently(slot, jobs[1:]))
+        ticking.join(120)
+    finally:
+        del slot._take_persistent
     stamps = [line.split() for line in ticks.read_text().splitlines() if line.strip()]
-    pid = int(stamps[0][0])
-    own = {pid}  # the ticker's executor, and its launcher where the slot knows the executor by it
-    try:
-        own.add(int(open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[1]))
-    except (OSError, IndexError, ValueError):
-        pass
-    times = [float(t) for _, t in stamps]
+    assert own, "the ticker never got an executor"
+    times = [float(t) for (t,) in stamps]
     windows = [w for w in list(slot.quiet.windows)[first:] if w.kept not in own]
     inside = sum(1 for t in times for w in windows if w.start < t < w.end)
     return len(times), inside, list(results.values())
@@ -363,10 +368,23 @@ def test_a_hung_neighbour_never_holds_up_a_timed_window(lanes_slot):
     slot = lanes_slot
     first = len(slot.quiet.windows)
     hung, *honest = _lane_jobs(4, "hung")
-    hung = hung.model_copy(update={"solution": _solution("stops_itself", _STOPS_ITSELF),
+    tmp = reachable_tmpdir("fibray-hung-")
+    tmp.chmod(0o777)
+    mark = tmp / "hung"
+    hung = hung.model_copy(update={"solution": _solution("stops_itself", _STOPS_ITSELF.replace("MARK", repr(str(mark)))),
                                    "settings": hung.settings.model_copy(update={"run_deadline_s": 20.0})})
     t0 = time.monotonic()
-    results = _concurrently(slot, [hung, *honest])
+    try:
+        results: dict = {}
+        neighbour = threading.Thread(target=lambda: results.update(_concurrently(slot, [hung])))
+        neighbour.start()
+        while not mark.exists() and time.monotonic() - t0 < 60:
+            time.sleep(0.05)
+        assert mark.exists(), "the hung candidate never ran"
+        results.update(_concurrently(slot, honest))  # timed while the neighbour holds its GIL
+        neighbour.join(120)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     assert all(results[j.job_id].evaluation.status.value == "PASSED" for j in honest)
     windows = list(slot.quiet.windows)[first:]
     assert any(w.unacked >= 1 for w in windows)  # stopped without its ack ...
@@ -382,6 +400,7 @@ def _reply_while_stopped(slot, quiet, stop_s: float, deadline_s: float):
 
     with slot._free:
         ex = slot.idle.pop(0)
+    ex = slot._ready(ex)  # a standby that took a lane has its hello still unread
     stopped, done = threading.Event(), threading.Event()
 
     def window() -> None:

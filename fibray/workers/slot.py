@@ -156,7 +156,9 @@ class GpuSlot:
             with self._free:
                 while not self.idle:
                     self._free.wait()
-                ex = self.idle.pop(0)
+                # its own solution's executor first, then an unused one; one of another solution last
+                ex = min(self.idle, key=lambda e: 0 if e.solution == solution else 1 if e.solution is None else 2)
+                self.idle.remove(ex)
             if ex.solution is not None and ex.solution != solution:
                 self._discard(ex, counter="solution_changes")
                 continue
