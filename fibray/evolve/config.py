@@ -6,13 +6,12 @@ its run id, budgets, the public/hidden split and the generator. A bad key is one
 
 from __future__ import annotations
 
-import re
 from typing import Any, Literal, Optional
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, model_validator
 
 from fibray.schema import EvalSettings
-from fibray.sweep.config import ClusterConfig, DatasetConfig, RunnerConfig, StoreConfig, _Strict, validate_model
+from fibray.sweep.config import ClusterConfig, DatasetConfig, RunnerConfig, StoreConfig, Name, _Strict, validate_model
 
 __all__ = ["BudgetConfig", "EvolveConfig", "EvolveSection", "GeneratorConfig", "SplitConfig", "validate_evolve_config"]
 
@@ -70,7 +69,7 @@ class SplitConfig(_Strict):
 
 
 class EvolveSection(_Strict):
-    run_id: str = "evolve"
+    run_id: Name = "evolve"
     """The loop's run: a store partition (sweep=<run_id>); rerunning the same id resumes it."""
     budget: BudgetConfig = Field(default_factory=BudgetConfig)
     split: SplitConfig = Field(default_factory=SplitConfig)
@@ -79,13 +78,6 @@ class EvolveSection(_Strict):
     """Most characters of a candidate's compile/runtime log fed back to the generator."""
     progress: bool = True
     """Print a progress line per definition and round."""
-
-    @field_validator("run_id")
-    @classmethod
-    def _validate_run_id(cls, v: str) -> str:
-        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}", v):
-            raise ValueError("must be 1-128 of letters, digits, '_', '.', '-'")
-        return v
 
 
 class EvolveConfig(_Strict):

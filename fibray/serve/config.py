@@ -5,13 +5,12 @@ An unknown key or a bad value is one ConfigError naming the key (e.g. `service.m
 
 from __future__ import annotations
 
-import re
 from typing import Any, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field
 
 from fibray.schema import EvalSettings
-from fibray.sweep.config import ClusterConfig, RunnerConfig, StoreConfig, validate_model
+from fibray.sweep.config import ClusterConfig, RunnerConfig, StoreConfig, name_of_at_most, validate_model
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
@@ -33,7 +32,7 @@ class HttpConfig(_Strict):
 
 
 class ServiceSection(_Strict):
-    name: str = "fibray"
+    name: name_of_at_most(64) = "fibray"  # type: ignore[valid-type]
     """The service's name: its coordinator actor in the `fibray` Ray namespace, and its state file."""
     state_dir: Optional[str] = None
     """Where the state file (address, head process) lives; null: $FIBRAY_STATE_DIR or ~/.cache/fibray/serve."""
@@ -54,13 +53,6 @@ class ServiceSection(_Strict):
     result_ttl_s: float = Field(default=900.0, gt=0)
     """An answer nobody collected (its client left) is dropped after this long; its record stays."""
     http: HttpConfig = Field(default_factory=HttpConfig)
-
-    @field_validator("name")
-    @classmethod
-    def _validate_name(cls, v: str) -> str:
-        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}", v):
-            raise ValueError("must be 1-64 of letters, digits, '_', '.', '-'")
-        return v
 
 
 class DatasetRef(_Strict):

@@ -9,13 +9,27 @@ import difflib
 import re
 from typing import Annotated, Any, Callable, Literal, Optional, TypeVar, Union
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from fibray import deadlines
 from fibray.schema import EvalSettings
 
 
 M = TypeVar("M", bound=BaseModel)
+
+
+def name_of_at_most(n: int) -> Any:
+    """A str type for names that become folder names and Ray names: 1-n of letters, digits, '_', '.', '-'."""
+
+    def check(v: str) -> str:
+        if not re.fullmatch(rf"[A-Za-z0-9][A-Za-z0-9_.-]{{0,{n - 1}}}", v):
+            raise ValueError(f"must be 1-{n} of letters, digits, '_', '.', '-'")
+        return v
+
+    return Annotated[str, AfterValidator(check)]
+
+
+Name = name_of_at_most(128)
 
 
 class ConfigError(ValueError):
@@ -125,7 +139,7 @@ class RunnerConfig(_Strict):
 
 
 class SweepSection(_Strict):
-    name: str = "default"
+    name: Name = "default"
     """Sweep name: a store partition; rerunning the same name resumes it."""
     flush_rows: int = Field(default=64, ge=1)
     """Write a Parquet file after this many new records..."""
@@ -137,13 +151,6 @@ class SweepSection(_Strict):
     """Let this sweep name hold results of more than one dataset (refused by default)."""
     verbose: bool = False
     """Show Ray's own messages and fibray's debug log."""
-
-    @field_validator("name")
-    @classmethod
-    def _validate_name(cls, v: str) -> str:
-        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}", v):
-            raise ValueError("must be 1-128 of letters, digits, '_', '.', '-'")
-        return v
 
 
 class ServiceRef(_Strict):
