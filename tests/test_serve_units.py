@@ -35,6 +35,15 @@ def test_the_queue_serves_clients_round_robin_so_a_flood_does_not_starve_another
     assert order == ["f0", "s0", "f1", "s1", "f2"]
 
 
+def test_the_queue_groups_a_batch_by_solution_so_a_slot_keeps_its_executor():
+    torch_jobs, triton_jobs = _jobs("rmsnorm_h4096_torch"), _jobs("rmsnorm_h4096_triton")
+    interleaved = [j for pair in zip(torch_jobs, triton_jobs) for j in pair]  # workload by workload
+    q = FairQueue(max_total=100, max_per_client=50)
+    q.push("c", [j.model_copy(update={"job_id": f"{j.solution.name}-{i}"}) for i, j in enumerate(interleaved)])
+    names = [q.pop()[1].solution.name for _ in range(len(interleaved))]
+    assert names == ["rmsnorm_h4096_torch"] * len(torch_jobs) + ["rmsnorm_h4096_triton"] * len(triton_jobs)
+
+
 def test_the_queue_bounds_each_client_and_the_total_and_puts_retries_first():
     q = FairQueue(max_total=5, max_per_client=3)
     assert q.room("a") == 3

@@ -40,8 +40,13 @@ class FairQueue:
             return max(0, min(self.max_total - self._n, self.max_per_client - mine))
 
     def push(self, client: str, jobs: list[Job]) -> None:
+        """Queue a batch, its jobs grouped by solution (in the order solutions first appear): an
+        executor serves one solution, so a slot pays a fresh executor at each change."""
+        groups: dict[tuple[str, str], list[Job]] = {}
+        for job in jobs:
+            groups.setdefault((job.definition.name, job.solution.hash), []).append(job)
         with self._lock:
-            self._lines.setdefault(client, deque()).extend(jobs)
+            self._lines.setdefault(client, deque()).extend(j for group in groups.values() for j in group)
             self._n += len(jobs)
 
     def push_front(self, client: str, job: Job) -> None:

@@ -66,9 +66,10 @@ class GpuSlot:
                            self._alone)
         self.counters = {"promotions": 0, "retired": 0, "solution_changes": 0, "escalations": 0, "strays_killed": 0}
         self._busy = 0
-        self.faults: dict[str, list[Status]] = {}
-        """Per solution hash, the statuses of the faults this slot saw (a job sent ahead of its
-        solution's faults runs isolated, or not at all once they reach spec.quarantine_after)."""
+        self.faults: dict[tuple[str, str], list[Status]] = {}
+        """Per (sweep, solution hash), the statuses of the faults this slot saw (a job sent ahead of
+        its solution's faults runs isolated, or not at all once they reach spec.quarantine_after);
+        per sweep, as the driver's quarantine is (a service's slots serve many sweeps)."""
         self._lanes = threading.Semaphore(spec.lanes)
         """A job (persistent or isolated) holds a lane; a job sent ahead of time waits here for one."""
         self.spec = spec
@@ -305,7 +306,7 @@ class GpuSlot:
         started_at = now_iso()  # a job sent ahead of time starts when it gets its lane
         with self._lock:
             self._busy += 1
-            seen = list(self.faults.get(job.solution.hash, ()))
+            seen = list(self.faults.get((job.sweep, job.solution.hash), ()))
         try:
             if len(seen) >= self.spec.quarantine_after:
                 status = Status.TIMEOUT if seen[-1] == Status.TIMEOUT else Status.RUNTIME_ERROR
@@ -316,7 +317,7 @@ class GpuSlot:
             result = self._evaluate(job, "isolated" if seen else mode, started_at, phase)
             if result.escalated or result.evaluation.reason in FAULT_REASONS:
                 with self._lock:
-                    self.faults.setdefault(job.solution.hash, []).append(result.evaluation.status)
+                    self.faults.setdefault((job.sweep, job.solution.hash), []).append(result.evaluation.status)
             return result
         except NoExecutor as e:  # e.g. spares killed as they warmed up: a verdict, never a stopped sweep
             evaluation = self.judge.fail(Status.RUNTIME_ERROR, Reason.EXECUTOR_UNAVAILABLE,
