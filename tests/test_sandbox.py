@@ -127,15 +127,21 @@ def test_a_released_uid_has_nothing_left_running_as_it():
     lease = pool.lease()
     argv = sandbox_argv(max_open_files=256, max_processes=256, memory_limit_bytes=None, cpu_seconds=None,
                         netns=False, uid=lease.uid)
-    # a process of that uid that left its executor's tree (setsid, double fork) still dies with the lease
-    escaped = subprocess.Popen([*argv, sys.executable, "-c", "import os, time; os.setsid(); time.sleep(60)"],
-                               start_new_session=True)
+    # a process of that uid that left its executor's tree (double fork, a session of its own) still dies with the lease
+    escape = "import os, time\nif os.fork():\n    os._exit(0)\nos.setsid()\ntime.sleep(60)"
+    launcher = subprocess.Popen([*argv, sys.executable, "-c", escape], start_new_session=True)
+    assert launcher.wait(timeout=30) == 0
     deadline = time.monotonic() + 30
-    while escaped.pid not in uids_running(lease.uid):
-        assert time.monotonic() < deadline
+    while not uids_running(lease.uid):
+        assert time.monotonic() < deadline, "the escaped process never ran"
         time.sleep(0.05)
+    escaped = uids_running(lease.uid)
+    assert launcher.pid not in escaped  # it is not below anything fibray started any more
     lease.release()
-    assert escaped.wait(timeout=10) == -9
+    deadline = time.monotonic() + 10
+    while set(escaped) & set(uids_running(lease.uid)):
+        assert time.monotonic() < deadline, "the escaped process outlived its uid's lease"
+        time.sleep(0.05)
 
 
 def test_privilege_separation_refuses_an_interpreter_other_users_cannot_reach(tmp_path, monkeypatch):

@@ -34,6 +34,10 @@ FAST = {"warmup": 0, "iterations": 2, "trials": 1}
 
 @pytest.fixture(scope="module")
 def service(tmp_path_factory):
+    # as earlier modules of the suite do: a local Ray started (with its token) and shut down in this
+    # process; joining a service whose head checks no token must still work after that
+    ray.init(address="local", num_cpus=1, num_gpus=0, include_dashboard=False, log_to_driver=False)
+    ray.shutdown()
     svc = start_service(tmp_path_factory.mktemp("serve"), "service.http.max_body_bytes=200000", http=True)
     yield svc
     if ray.is_initialized():

@@ -83,17 +83,7 @@ def test_store_files_from_before_the_split_column_read_it_as_null(tmp_path: Path
 
 
 @pytest.fixture(scope="module")
-def local_ray():
-    """One local Ray for the module's sweeps."""
-    import ray
-
-    ray.init(address="local", num_gpus=1, num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield
-    ray.shutdown()
-
-
-@pytest.fixture(scope="module")
-def swept(tmp_path_factory: pytest.TempPathFactory, local_ray) -> tuple[Path, Path]:
+def swept(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     root = tmp_path_factory.mktemp("splits")
     dataset, store = write_split_dataset(root / "d"), root / "store"
     with shared_ray():

@@ -101,20 +101,22 @@ def auth_mode() -> str:
 
 
 def use_auth(auth: Optional[str]) -> None:
-    """Make this process join with `auth` (token or disabled). Ray reads RAY_AUTH_MODE once, when it
-    is imported: set before that, it is set here; after, a mismatch is a clear error instead of
-    twenty seconds of refused connections."""
+    """Make this process join with `auth` (token or disabled). Ray reads RAY_AUTH_MODE when it
+    connects (each ray.init; a local start with a token file switches the process to token), so
+    it is set here unless this process is connected already: then a mismatch is a clear error
+    instead of twenty seconds of refused connections."""
     if not auth:
         return
-    if "ray" not in sys.modules:
-        os.environ.setdefault("RAY_AUTH_MODE", auth)
+    ray = sys.modules.get("ray")
+    if ray is None or not ray.is_initialized():
+        os.environ["RAY_AUTH_MODE"] = auth
         return
     from ray._raylet import AuthenticationMode, get_authentication_mode
 
     current = "token" if get_authentication_mode() == AuthenticationMode.TOKEN else "disabled"
     if current != auth:
-        raise ServiceError(f"the service's cluster has RAY_AUTH_MODE={auth} but this process imported Ray with "
-                           f"{current}; start it with RAY_AUTH_MODE={auth} in its environment")
+        raise ServiceError(f"the service's cluster has RAY_AUTH_MODE={auth} but this process is connected to a Ray "
+                           f"with {current}; disconnect (ray.shutdown()) or start it with RAY_AUTH_MODE={auth}")
 
 
 def prepare_auth(name: str, address: Optional[str], directory: Optional[str]) -> None:
@@ -133,6 +135,7 @@ def join(address: str, auth: Optional[str] = None, log_to_driver: bool = False) 
     import ray
 
     if not ray.is_initialized():
+        log.info("joining the Ray cluster at %s ...", address)  # the sweep then runs there, service or not
         ray.init(address=address, log_to_driver=log_to_driver, configure_logging=False)
 
 
