@@ -41,4 +41,18 @@ if [[ ${FIBRAY_UPLOAD:-0} == 1 ]]; then
              '{"excludes": [".git", ".ci-venv", "fibray-store", "outputs", "multirun", "*.so", "**/__pycache__"]}')
 fi
 
-exec "${submit[@]}" -- python -m fibray.sweep cluster=ray "store.root=$store" "${overrides[@]}"
+# a head that has just started may have no job agent yet ("No available agent to submit job"):
+# nothing was submitted then, so the same submission is tried again, for up to a minute
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
+for attempt in 1 2 3 4 5 6 7 8 9 10 11 12; do
+    set +e
+    "${submit[@]}" -- python -m fibray.sweep cluster=ray "store.root=$store" "${overrides[@]}" 2>&1 | tee "$log"
+    rc=${PIPESTATUS[0]}
+    set -e
+    if [[ $rc -eq 0 ]] || ! grep -q "No available agent to submit job" "$log" || [[ $attempt -eq 12 ]]; then
+        exit "$rc"
+    fi
+    echo "ray_submit.sh: the head's job agent is not up yet; trying again in 5 s ($attempt of 12)" >&2
+    sleep 5
+done
