@@ -39,10 +39,16 @@ def service(tmp_path_factory):
     ray.init(address="local", num_cpus=1, num_gpus=0, include_dashboard=False, log_to_driver=False)
     ray.shutdown()
     svc = start_service(tmp_path_factory.mktemp("serve"), "service.http.max_body_bytes=200000", http=True)
+    before = os.environ.get("RAY_AUTH_MODE")
     yield svc
     if ray.is_initialized():
         ray.shutdown()
     svc.stop()
+    # joining the service set this process's auth mode: later modules' local Rays must not inherit it
+    if before is None:
+        os.environ.pop("RAY_AUTH_MODE", None)
+    else:
+        os.environ["RAY_AUTH_MODE"] = before
 
 
 @pytest.fixture(scope="module")
