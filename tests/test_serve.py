@@ -25,6 +25,7 @@ from fibray.client import Client
 from fibray.dataset import load_dataset
 from fibray.schema import EvalSettings, Evaluation
 from fibray.store import TraceStore, scan
+from fibray.sweep.service import auth_kept
 from _service_helpers import Service, start_service
 from _sweep_helpers import REPO, designed_verdict
 
@@ -38,17 +39,12 @@ def service(tmp_path_factory):
     # process; joining a service whose head checks no token must still work after that
     ray.init(address="local", num_cpus=1, num_gpus=0, include_dashboard=False, log_to_driver=False)
     ray.shutdown()
-    svc = start_service(tmp_path_factory.mktemp("serve"), "service.http.max_body_bytes=200000", http=True)
-    before = os.environ.get("RAY_AUTH_MODE")
-    yield svc
-    if ray.is_initialized():
-        ray.shutdown()
-    svc.stop()
-    # joining the service set this process's auth mode: later modules' local Rays must not inherit it
-    if before is None:
-        os.environ.pop("RAY_AUTH_MODE", None)
-    else:
-        os.environ["RAY_AUTH_MODE"] = before
+    with auth_kept():  # joining the service sets this process's auth mode: later modules' local Rays get theirs back
+        svc = start_service(tmp_path_factory.mktemp("serve"), "service.http.max_body_bytes=200000", http=True)
+        yield svc
+        if ray.is_initialized():
+            ray.shutdown()
+        svc.stop()
 
 
 @pytest.fixture(scope="module")

@@ -319,6 +319,13 @@ def run_sweep(cfg: SweepConfig) -> SweepReport:
     Ctrl-C (KeyboardInterrupt) publishes what was recorded, stops the slots and Ray, and raises
     SweepInterrupted with the counts; a second Ctrl-C exits at once.
     """
+    from fibray.sweep.service import auth_kept
+
+    with auth_kept():  # joining a service sets Ray's auth mode; the process gets its own back
+        return _run_sweep(cfg)
+
+
+def _run_sweep(cfg: SweepConfig) -> SweepReport:
     t0 = time.monotonic()
     ds = load_sweep_dataset(cfg)
     jobs = make_jobs(ds, cfg)

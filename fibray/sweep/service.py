@@ -4,6 +4,7 @@ to the service's coordinator, while the driver still records every result (write
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -13,7 +14,7 @@ import threading
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterator, Optional
 
 from fibray.schema import Job, JobResult
 from fibray.sweep.config import ConfigError
@@ -100,16 +101,25 @@ def auth_mode() -> str:
     return "token" if os.environ.get("RAY_AUTH_TOKEN") or token_file.is_file() else "disabled"
 
 
+def _refresh_ray_auth() -> None:
+    """Make Ray's cached config (read from the environment once) see RAY_AUTH_MODE as it is now,
+    as Ray itself does when it enables token auth for a local start; a no-op before Ray is loaded."""
+    raylet = sys.modules.get("ray._raylet")
+    if raylet is not None:
+        raylet.Config.initialize("")
+
+
 def use_auth(auth: Optional[str]) -> None:
-    """Make this process join with `auth` (token or disabled). Ray reads RAY_AUTH_MODE when it
-    connects (each ray.init; a local start with a token file switches the process to token), so
-    it is set here unless this process is connected already: then a mismatch is a clear error
-    instead of twenty seconds of refused connections."""
+    """Make this process join with `auth` (token or disabled). Ray caches RAY_AUTH_MODE in its
+    config and a local start may set it (token by default), so both are set here unless this
+    process is connected already: then a mismatch is a clear error instead of twenty seconds of
+    refused connections."""
     if not auth:
         return
     ray = sys.modules.get("ray")
     if ray is None or not ray.is_initialized():
         os.environ["RAY_AUTH_MODE"] = auth
+        _refresh_ray_auth()
         return
     from ray._raylet import AuthenticationMode, get_authentication_mode
 
@@ -117,6 +127,24 @@ def use_auth(auth: Optional[str]) -> None:
     if current != auth:
         raise ServiceError(f"the service's cluster has RAY_AUTH_MODE={auth} but this process is connected to a Ray "
                            f"with {current}; disconnect (ray.shutdown()) or start it with RAY_AUTH_MODE={auth}")
+
+
+@contextlib.contextmanager
+def auth_kept() -> Iterator[None]:
+    """Leave this process's Ray auth mode as it was on entry: joining a service sets it for the
+    service's cluster, and a later local Ray (the next sweep in this process) must not inherit it.
+    Restored only when Ray is disconnected by then (a connection keeps the mode it was made with)."""
+    before = os.environ.get("RAY_AUTH_MODE")
+    try:
+        yield
+    finally:
+        ray = sys.modules.get("ray")
+        if os.environ.get("RAY_AUTH_MODE") != before and (ray is None or not ray.is_initialized()):
+            if before is None:
+                os.environ.pop("RAY_AUTH_MODE", None)
+            else:
+                os.environ["RAY_AUTH_MODE"] = before
+            _refresh_ray_auth()
 
 
 def prepare_auth(name: str, address: Optional[str], directory: Optional[str]) -> None:
