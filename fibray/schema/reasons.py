@@ -14,7 +14,8 @@ from functools import cache
 
 from fibray.schema.trace import EvaluationStatus as Status
 
-__all__ = ["FAULT_REASONS", "POISONING_REASONS", "GeneratorReason", "Reason", "Status", "describe"]
+__all__ = ["FAULT_REASONS", "POISONING_REASONS", "GeneratorReason", "Reason", "Status", "describe", "is_fault",
+           "quarantined"]
 
 
 class Reason(StrEnum):
@@ -159,6 +160,19 @@ FAULT_REASONS = frozenset({
     Reason.DEVICE_ASSERT, Reason.CUDA_ERROR, Reason.EXECUTOR_ERROR, Reason.SANDBOX_FAILED, Reason.BAD_MESSAGE,
 })
 """A fault of the candidate's process (not of its answer): the job escalates to isolation."""
+
+
+def is_fault(escalated: bool, reason: object) -> bool:
+    """Whether a job's result counts against its solution's process: it runs isolated from then
+    on and is quarantined after `quarantine_after` such results (driver, service and slot alike)."""
+    return escalated or reason in FAULT_REASONS
+
+
+def quarantined(faults: int, last: Status) -> tuple[Status, Reason, str]:
+    """Status, reason and log of a job not run because its solution was quarantined after
+    `faults` faults, the last of status `last` (a hang stays TIMEOUT, anything else RUNTIME_ERROR)."""
+    status = Status.TIMEOUT if last == Status.TIMEOUT else Status.RUNTIME_ERROR
+    return status, Reason.QUARANTINED, f"solution quarantined after {faults} faults; not run"
 
 
 @cache

@@ -13,7 +13,7 @@ from typing import Any, Callable, Optional
 import ray
 
 from fibray.schema import EvaluationStatus, Job, JobResult
-from fibray.schema.reasons import FAULT_REASONS
+from fibray.schema.reasons import is_fault, quarantined
 from fibray.sweep.pool import PoolOptions, Slot, WorkerPool
 
 log = logging.getLogger(__name__)
@@ -98,20 +98,18 @@ class ServicePool(WorkerPool):
 
     def _account(self, job: Job, result: JobResult) -> None:
         ev = result.evaluation
-        if result.escalated or ev.reason in FAULT_REASONS:
+        if is_fault(result.escalated, ev.reason):
             key = (job.sweep, job.solution.hash)
             self.names[job.solution.hash] = job.solution.name
             self.isolated.add(key)
             self.sweep_faults[key] += 1
             if self.sweep_faults[key] >= self.opt.quarantine_after and key not in self.quarantined:
-                self.quarantined[key] = ev.status if ev.status == EvaluationStatus.TIMEOUT else EvaluationStatus.RUNTIME_ERROR
+                self.quarantined[key] = quarantined(self.sweep_faults[key], ev.status)
                 log.warning("solution %s quarantined in sweep %s after %d faults", job.solution.name, job.sweep,
                             self.sweep_faults[key])
 
     def _quarantine_verdict(self, slot: Slot, job: Job) -> JobResult:
-        key = (job.sweep, job.solution.hash)
-        return self._verdict(slot, job, self.quarantined[key], "quarantined",
-                             f"solution quarantined after {self.sweep_faults[key]} faults; not run")
+        return self._verdict(slot, job, *self.quarantined[(job.sweep, job.solution.hash)])
 
     # -- a lost slot's jobs go back to the front of their client's line ----------------------
     def _requeue(self, job: Job, groups: Any, why: str, slot: Slot, on_result: Optional[OnResult] = None) -> None:

@@ -24,7 +24,7 @@ import ray
 from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 
 from fibray import deadlines
-from fibray.schema.reasons import FAULT_REASONS, Reason
+from fibray.schema.reasons import Reason, is_fault, quarantined
 from fibray.schema import Environment, Evaluation, EvaluationStatus, Job, JobResult
 from fibray.evaluate.phases import now_iso
 from fibray.sweep.config import RunnerConfig, auto_lanes
@@ -120,7 +120,8 @@ class WorkerPool:
         self.slots = [Slot(i) for i in range(options.num_slots)]
         self.faults: Counter[str] = Counter()
         self.isolated: set[str] = set()
-        self.quarantined: dict[str, EvaluationStatus] = {}
+        self.quarantined: dict[Any, tuple[EvaluationStatus, str, str]] = {}
+        """solution hash (a service: (sweep, hash)) -> the verdict its remaining jobs get."""
         self.counters: Counter[str] = Counter()
         self.first_dispatch: Optional[float] = None
         """time.monotonic() of the first job sent to a slot (slot start-up ends there)."""
@@ -302,12 +303,12 @@ class WorkerPool:
 
     def _account(self, job: Job, result: JobResult) -> None:
         ev = result.evaluation
-        if result.escalated or (ev.reason in FAULT_REASONS):
+        if is_fault(result.escalated, ev.reason):
             h = job.solution.hash
             self.isolated.add(h)
             self.faults[h] += 1
             if self.faults[h] >= self.opt.quarantine_after and h not in self.quarantined:
-                self.quarantined[h] = ev.status if ev.status == EvaluationStatus.TIMEOUT else EvaluationStatus.RUNTIME_ERROR
+                self.quarantined[h] = quarantined(self.faults[h], ev.status)
                 log.warning("solution %s quarantined after %d faults", job.solution.name, self.faults[h])
 
     def _start_failed(self, slot: Slot, why: str) -> None:
@@ -317,9 +318,7 @@ class WorkerPool:
         slot.actor, slot.phase, slot.start_ref = None, "dead", None
 
     def _quarantine_verdict(self, slot: Slot, job: Job) -> JobResult:
-        status = self.quarantined[job.solution.hash]
-        return self._verdict(slot, job, status, Reason.QUARANTINED,
-                             f"solution quarantined after {self.faults[job.solution.hash]} faults; not run")
+        return self._verdict(slot, job, *self.quarantined[job.solution.hash])
 
     def _verdict(self, slot: Slot, job: Job, status: EvaluationStatus, reason: str, log_text: str) -> JobResult:
         env = Environment.model_validate(slot.info["environment"]) if slot.info else Environment(hardware="unknown")

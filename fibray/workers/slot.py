@@ -21,7 +21,7 @@ import torch
 from fibray import deadlines
 from fibray.compile import prepare_triton
 from fibray.evaluate.memory import HostRegion
-from fibray.schema.reasons import FAULT_REASONS, Reason
+from fibray.schema.reasons import Reason, is_fault, quarantined
 from fibray.evaluate.environment import default_device, environment
 from fibray.evaluate.phases import now_iso
 from fibray.evaluate.run import Judge, bound_log, run_job
@@ -309,13 +309,11 @@ class GpuSlot:
             seen = list(self.faults.get((job.sweep, job.solution.hash), ()))
         try:
             if len(seen) >= self.spec.quarantine_after:
-                status = Status.TIMEOUT if seen[-1] == Status.TIMEOUT else Status.RUNTIME_ERROR
-                evaluation = self.judge.fail(status, Reason.QUARANTINED,
-                                             f"solution quarantined after {len(seen)} faults; not run", job.settings)
+                evaluation = self.judge.fail(*quarantined(len(seen), seen[-1]), job.settings)
                 return JobResult(job_id=job.job_id, evaluation=evaluation, worker=self.name, isolation="none",
                                  attempt=job.attempt, started_at=started_at, finished_at=now_iso(), phases=phase)
             result = self._evaluate(job, "isolated" if seen else mode, started_at, phase)
-            if result.escalated or result.evaluation.reason in FAULT_REASONS:
+            if is_fault(result.escalated, result.evaluation.reason):
                 with self._lock:
                     self.faults.setdefault((job.sweep, job.solution.hash), []).append(result.evaluation.status)
             return result

@@ -31,7 +31,7 @@ from fibray import deadlines
 from fibray.workers.process.arena import ARENA_BYTES, Arena
 from fibray.workers.process.launch import NETNS_REFUSED, PIDNS_REFUSED, sandbox_argv
 from fibray.schema.reasons import Reason
-from fibray.workers.process.uids import DEFAULT_UID_RANGE, UidLease, UidPool
+from fibray.workers.process.uids import DEFAULT_UID_RANGE, UidLease, UidPool, process_uids
 
 _ENV_ALLOW = {
     "PATH", "LANG", "LC_ALL", "LC_CTYPE", "TERM", "LD_LIBRARY_PATH", "CUDA_HOME", "CUDA_PATH",
@@ -411,14 +411,6 @@ def _stat(pid: int) -> tuple[int, str]:
     return int(fields[1]), fields[0].decode()
 
 
-def _real_uid(pid: int) -> int:
-    with open(f"/proc/{pid}/status", "rb") as f:
-        for line in f:
-            if line.startswith(b"Uid:"):
-                return int(line.split()[1])
-    raise ValueError(f"no Uid line for {pid}")
-
-
 def reap_strays(keep: set[int], candidates_run_as_others: bool = False) -> list[int]:
     """Kill every live child of this process that is not a known executor (orphans that
     re-parented to us); collect exited ones (zombies) without counting them.
@@ -432,7 +424,7 @@ def reap_strays(keep: set[int], candidates_run_as_others: bool = False) -> list[
     for child in descendants(me):
         try:
             ppid, state = _stat(child)
-            spared = candidates_run_as_others and _real_uid(child) == ours
+            spared = candidates_run_as_others and process_uids(child)[1][0] == ours
         except (OSError, ValueError, IndexError):
             continue
         if ppid != me or child in keep or spared:

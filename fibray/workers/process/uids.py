@@ -55,24 +55,31 @@ def lease_dir() -> Path:
     return path
 
 
+def process_uids(pid: int) -> tuple[bool, tuple[int, ...]]:
+    """Whether `pid` is a zombie (or dead), and its real, effective and saved uids, from
+    /proc/<pid>/status (kernel accounting a process cannot rewrite). OSError when it is gone."""
+    zombie = False
+    with open(f"/proc/{pid}/status", "rb") as f:
+        for line in f:
+            if line.startswith(b"State:"):
+                zombie = line.split()[1] in (b"Z", b"X")
+            elif line.startswith(b"Uid:"):
+                return zombie, tuple(int(v) for v in line.split()[1:4])
+    raise OSError(f"/proc/{pid}/status has no Uid line")
+
+
 def uids_running(uid: int) -> list[int]:
     """Pids of live processes (not zombies) whose real, effective or saved uid is `uid`."""
-    out, mine = [], str(uid).encode()
+    out = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
         try:
-            with open(f"/proc/{entry}/status", "rb") as f:
-                zombie = False
-                for line in f:
-                    if line.startswith(b"State:"):
-                        zombie = line.split()[1] in (b"Z", b"X")
-                    elif line.startswith(b"Uid:"):
-                        if mine in line.split()[1:4] and not zombie:
-                            out.append(int(entry))
-                        break
-        except OSError:
+            zombie, uids = process_uids(int(entry))
+        except (OSError, ValueError):
             continue
+        if uid in uids and not zombie:
+            out.append(int(entry))
     return out
 
 
