@@ -288,3 +288,20 @@ def test_index_is_built_from_the_store_without_polars(toy, monkeypatch):
     monkeypatch.setitem(sys.modules, "polars", None)   # any `import polars` now raises ImportError
     rt = build_runtime(toy[1], toy[0], config=ApplyConfig(definitions=["scale_h64"]))
     assert rt.dispatchers["scale_h64"].ranked
+
+
+def test_a_process_that_served_winners_leaves_no_build_directory_behind(toy, tmp_path):
+    """The winners' builds live in a directory of the process's own, which outlives no process."""
+    import subprocess
+
+    dataset, store = toy
+    script = ("import torch\nfrom fibray.apply import ApplyConfig, enable_apply\n"
+              f"rt = enable_apply({str(store)!r}, {str(dataset)!r}, config=ApplyConfig(definitions=['scale_h64']))\n"
+              "assert rt.dispatchers['scale_h64'].ranked and rt._builds.root.is_dir() and any(rt._builds.root.iterdir())\n"
+              "print(rt._builds.root)\n")
+    env = {**__import__("os").environ, "TMPDIR": str(tmp_path)}
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    built = Path(out.stdout.strip().splitlines()[-1])
+    assert built.parent == tmp_path and built.name.startswith("fibray-apply-")
+    assert not built.exists() and not list(tmp_path.glob("fibray-apply-*"))

@@ -4,6 +4,7 @@ sandboxed runner process with its own deadline, exercised bare (no sanitizer pre
 from __future__ import annotations
 
 import os
+import tempfile
 import time
 from pathlib import Path
 
@@ -92,9 +93,13 @@ def test_a_failing_sanitizer_probe_is_reported_as_not_run_with_its_output(monkey
     fake.chmod(0o755)
     monkeypatch.setenv(SANITIZER_ENV, str(fake))
     monkeypatch.setattr(start, "visible_gpu_count", lambda: 1)  # the refusal comes after the GPU check
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))
     exe, why = unavailable(deadline_s=30)
     assert exe is None and "does not work on this device" in why and "not supported" in why
     assert os.access(fake, os.X_OK)
+    assert not list(temp.iterdir())  # the probe's working directory is gone with it
 
 
 @pytest.mark.slow

@@ -7,7 +7,9 @@ building the winners (a build that fails drops that candidate). The per-call wor
 
 from __future__ import annotations
 
+import atexit
 import logging
+import shutil
 import tempfile
 from collections import Counter
 import os
@@ -96,6 +98,14 @@ class ApplyStats:
     """Solution name -> why it is not eligible (its stage here, or no promotion record for this environment)."""
 
 
+def _private_workdir() -> Path:
+    """A build directory of this process's own, removed when the process exits (not before: a
+    Triton winner compiles from its files at its first call, which may come at any time)."""
+    path = Path(tempfile.mkdtemp(prefix="fibray-apply-"))
+    atexit.register(shutil.rmtree, path, ignore_errors=True)
+    return path
+
+
 class ApplyRuntime:
     """Dispatchers for every definition with verified solutions, ready to be activated."""
 
@@ -123,8 +133,7 @@ class ApplyRuntime:
         self._demotions: dict[str, bool | None] = {}
         self._states: dict[str, SolutionState] = {}
         self._unknown: Counter[str] = Counter()
-        workdir = Path(config.workdir) if config.workdir else Path(tempfile.mkdtemp(prefix="fibray-apply-"))
-        self._builds = BuildCache(workdir)
+        self._builds = BuildCache(Path(config.workdir) if config.workdir else _private_workdir())
         cuda = running is not None and running.hardware is not None and not running.hardware.startswith("cpu")
         self._cuda = cuda
         for name, entry in sorted(index.items()):

@@ -85,8 +85,12 @@ def unavailable(deadline_s: float = PROBE_DEADLINE_S) -> tuple[str | None, str |
         return None, f"compute-sanitizer not found (${SANITIZER_ENV}, PATH, $CUDA_HOME/bin, /usr/local/cuda/bin)"
     if visible_gpu_count() == 0:
         return None, "no GPU visible to this process (NVML counts none)"
-    run = _run([exe, "--tool", "memcheck", "--error-exitcode", str(ERROR_EXITCODE), sys.executable, "-c", _PROBE],
-               tool="memcheck", workload="probe", deadline_s=deadline_s, workdir=Path(tempfile.mkdtemp(prefix="fibray-probe-")))
+    workdir = Path(tempfile.mkdtemp(prefix="fibray-probe-"))
+    try:
+        run = _run([exe, "--tool", "memcheck", "--error-exitcode", str(ERROR_EXITCODE), sys.executable, "-c", _PROBE],
+                   tool="memcheck", workload="probe", deadline_s=deadline_s, workdir=workdir)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
     if run.outcome != "clean" or "probe 8.0" not in run.tail:
         last = " | ".join(line.strip() for line in run.tail.strip().splitlines()[-4:])
         return None, f"compute-sanitizer does not work on this device ({run.outcome}, exit {run.returncode}): {last}"
