@@ -1,5 +1,5 @@
 """Every row names its dataset; one sweep name holds one dataset unless asked; definitions without
-solutions are said, and their references can be evaluated as candidates."""
+solutions or workloads are said, and references can be evaluated as candidates."""
 
 from __future__ import annotations
 
@@ -84,4 +84,25 @@ def test_definitions_without_solutions_are_listed_in_a_warning(tmp_path, caplog,
 def test_a_dataset_with_no_solutions_is_an_error_naming_the_way_out(tmp_path):
     with pytest.raises(DatasetError, match=r"no solution for any selected definition .*solutions.include_reference=true"):
         run_sweep(smoke_config(tmp_path, solutions__roots=[]))
+    assert not list(tmp_path.rglob("*.parquet"))
+
+
+LLM = REPO / "datasets" / "llm"
+
+
+def test_definitions_without_workloads_in_the_set_are_listed_and_none_at_all_is_an_error(tmp_path, caplog):
+    """datasets/llm's GEMM has GPU-size workloads only: a cpu_small sweep of it gets no jobs, and says why."""
+    from fibray.sweep.driver import load_sweep_dataset
+
+    some = smoke_config(tmp_path, dataset__root=str(LLM), solutions__roots=[],
+                        dataset__definitions=["rmsnorm_h2048", "gemm_n4096_k4096"])
+    with caplog.at_level(logging.WARNING, logger="fibray"):
+        ds = load_sweep_dataset(some)
+    assert ds.workloads["rmsnorm_h2048"] and not ds.workloads.get("gemm_n4096_k4096")
+    assert ("no workloads in " in caplog.text and "workloads/cpu_small/ for 1 selected definition(s), which get no jobs: "
+            "gemm_n4096_k4096 (dataset.workload_set=null reads every set)" in caplog.text), caplog.text
+    with pytest.raises(DatasetError, match=r"^dataset.workload_set: no workloads in .*cpu_small/ for 1 selected "
+                                           r"definition\(s\), which get no jobs: gemm_n4096_k4096"):
+        run_sweep(smoke_config(tmp_path, dataset__root=str(LLM), solutions__roots=[],
+                               dataset__definitions=["gemm_n4096_k4096"]))
     assert not list(tmp_path.rglob("*.parquet"))

@@ -276,7 +276,8 @@ def pool_options(cfg: SweepConfig, slots: int, cpus: int, build_cache: Optional[
 
 def load_sweep_dataset(cfg: SweepConfig) -> Dataset:
     """The dataset as the config selects it, with the references added when asked; definitions
-    without a solution are a warning, and no solution at all is an error."""
+    without a workload (in the selected set and split) or a solution are a warning, and none
+    with one at all is an error."""
     log.info("loading dataset %s ...", cfg.dataset.root)
     ds = load_dataset(
         cfg.dataset.root, definitions=cfg.dataset.definitions, solution_roots=cfg.solutions.roots,
@@ -285,6 +286,16 @@ def load_sweep_dataset(cfg: SweepConfig) -> Dataset:
     )
     if cfg.solutions.include_reference:
         add_references(ds)
+    empty = [name for name in ds.definitions if not ds.workloads.get(name)]
+    if empty:
+        where = ds.root / "workloads" / (cfg.dataset.workload_set or "")
+        split = f" of split {cfg.dataset.split}" if cfg.dataset.split not in (None, "all") else ""
+        hint = " (dataset.workload_set=null reads every set)" if cfg.dataset.workload_set else ""
+        msg = (f"no workloads{split} in {where}/ for {len(empty)} selected definition(s), which get no jobs: "
+               f"{', '.join(empty)}{hint}")
+        if len(empty) == len(ds.definitions):
+            raise DatasetError(f"{'dataset.workload_set' if cfg.dataset.workload_set else 'dataset.root'}: {msg}")
+        log.warning("%s", msg)
     unsolved = unsolved_definitions(ds)
     hint = ("set solutions.include_reference=true to evaluate each definition's reference, or name a folder of "
             "solutions with solutions.roots=[DIR]")
