@@ -289,7 +289,7 @@ def load_sweep_dataset(cfg: SweepConfig) -> Dataset:
     empty = [name for name in ds.definitions if not ds.workloads.get(name)]
     if empty:
         where = ds.root / "workloads" / (cfg.dataset.workload_set or "")
-        split = f" of split {cfg.dataset.split}" if cfg.dataset.split not in (None, "all") else ""
+        split = f" of split {cfg.dataset.split}" if cfg.dataset.split != "all" else ""
         hint = " (dataset.workload_set=null reads every set)" if cfg.dataset.workload_set else ""
         msg = (f"no workloads{split} in {where}/ for {len(empty)} selected definition(s), which get no jobs: "
                f"{', '.join(empty)}{hint}")

@@ -26,9 +26,9 @@ short on a kernel that outlasts its per-call overhead is 5-10x off."""
 BOUND_SLACK_S = {"cpu": 0.05, "cuda": 0.01}
 """Seconds of wall a report may leave unexplained on top of BOUND_FACTOR, per device type:
 scheduler hiccups (a CI host with many jobs per core; a GPU host's executor). A broken bound is
-tried BOUND_ATTEMPTS times before it is a verdict, so a hiccup or two never is. With the H200's
-~35 us per call (flush, events) and 175 calls, a 20x lie is caught on kernels from about 0.1 ms; shorter ones
-are left to the roofline floor and to the checks of timed calls."""
+tried BOUND_ATTEMPTS times before it is a verdict, so a hiccup or two never is. With the
+H200's ~35 us per call (flush, events) and 175 calls, a 20x lie is caught on kernels from about
+0.1 ms; shorter ones are left to the roofline floor and to the checks of timed calls."""
 BOUND_ATTEMPTS = 3
 """Timing requests made before a broken bound is a verdict. A lie breaks every one of them; an
 honest kernel beside a busy neighbour (two lanes of a two-core CI host) broke two in a row."""
@@ -95,7 +95,8 @@ def bounded_time(time_once: Callable[[], Timing], s: EvalSettings, overhead: Opt
     """Time through `time_once` under the supervisor's clock (`clock`, the one the overhead was
     calibrated with: the executor's CPU time on a CPU slot, else the wall); a broken bound is
     retried (a hiccup of the host is not a verdict), prepared again by `prepare` so that the
-    retry's clock sees the calls alone, and raised after BOUND_ATTEMPTS. Without an overhead, no bound."""
+    retry's clock sees the calls alone, and raised after BOUND_ATTEMPTS. Without an overhead, no
+    bound."""
     clock = clock or _clock
     for attempt in range(BOUND_ATTEMPTS):
         if attempt and prepare is not None:
