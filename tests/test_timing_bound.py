@@ -33,6 +33,27 @@ def test_a_report_twenty_times_short_breaks_the_bound():
     assert e.value.reason == "timing_below_observed"
 
 
+GPU = EvalSettings(warmup=10, iterations=50, trials=3)
+H200_OVERHEAD = Overhead(fixed_s=0.22e-3, per_call_s=35e-6)  # a slot's calibration on the H200 (RESULTS.md)
+
+
+def test_an_honest_launch_bound_gpu_report_is_within_the_bound():
+    """fibray's GPU timer queues calls behind a delay sized from the candidate's own launch cost:
+    a torch candidate of a few ops (8 us on the GPU, 150 us of host time per call) fills the wall
+    with host time. Before BOUND_LAUNCH_S such honest candidates were timing_below_observed on the H200."""
+    calls = max_calls(GPU, "cuda")
+    wall = H200_OVERHEAD.fixed_s + calls * (150e-6 + 8e-6 + H200_OVERHEAD.per_call_s)
+    check_report(Timing([0.008] * 150, "cuda_events"), wall, GPU, H200_OVERHEAD, "cuda")
+
+
+def test_a_gpu_report_twenty_times_short_still_breaks_the_bound():
+    calls = max_calls(GPU, "cuda")
+    wall = H200_OVERHEAD.fixed_s + calls * (0.5e-3 + H200_OVERHEAD.per_call_s)  # a 0.5 ms kernel, reported 20x short
+    with pytest.raises(BoundBroken) as e:
+        check_report(Timing([0.025] * 150, "cuda_events"), wall, GPU, H200_OVERHEAD, "cuda")
+    assert e.value.reason == "timing_below_observed" and "launch" in e.value.message
+
+
 @pytest.mark.parametrize("timing", [
     Timing([], "wall_clock"), Timing([float("nan")] * 10, "wall_clock"), Timing([-1.0] * 10, "wall_clock"),
     Timing([1.0] * (max_calls(S, "cpu") + 1), "wall_clock"), [1.0] * 10,
