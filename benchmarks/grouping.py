@@ -62,7 +62,8 @@ def _one(label: str, store: Path, experiment: str, overrides: list[str], by_work
     rate = report.total_jobs / window if window else float("nan")
     passed = sum(1 for v in verdicts.values() if v[0] == "PASSED")
     print(f"{label:>9}: wall {wall:6.1f} s, jobs' window {window:6.1f} s, {report.total_jobs} jobs, {rate:5.2f} eval/s, "
-          f"executors retired for another solution {changes}, PASSED {passed}/{len(verdicts)}", flush=True)
+          f"executors retired for another solution {changes}, waiting for an executor "
+          f"{report.phases.get('executor_wait', 0.0):.1f} slot-s, PASSED {passed}/{len(verdicts)}", flush=True)
     return rate, verdicts, TraceStore(store).sweep_salt(cfg.sweep.name)
 
 

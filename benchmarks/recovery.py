@@ -56,13 +56,13 @@ def main() -> None:
     def measure(standby: bool) -> list[float]:
         slot = GpuSlot(SlotSpec("bench", workdir=workdir, standby=standby, spare_isolated=0))
         slot.info()
-        if slot.standby is not None:
-            slot._ready(slot.standby)
+        for ex in slot.standbys:
+            slot._ready(ex)
         slot.evaluate(_job(0), "persistent", now_iso())  # warm: build and reference cached
         out = []
         for i in range(args.repeats):
-            if slot.standby is not None:
-                slot._ready(slot.standby)  # the new standby is warm again before the next failure
+            for ex in slot.standbys:
+                slot._ready(ex)  # the new standby is warm again before the next failure
             os.kill(slot.active.pid, signal.SIGKILL)
             t0 = time.perf_counter()
             slot._discard(slot.active)

@@ -70,7 +70,7 @@ def test_descendants_walks_the_same_tree_as_a_full_process_scan(monkeypatch):
 
 
 def test_standby_takes_over_when_the_active_executor_dies(slot):
-    standby = slot._ready(slot.standby).pid
+    standby = slot._ready(slot.standbys[0]).pid
     os.kill(slot.active.pid, signal.SIGKILL)
     job = _jobs()[0].model_copy(update={"job_id": "after-kill"})
     result = slot.evaluate(job, "auto", now_iso())
@@ -284,3 +284,25 @@ def test_a_process_hosting_a_slot_keeps_its_own_children(slot):
     finally:
         own.kill()
         own.wait()
+
+
+def test_each_change_of_solution_takes_a_warm_standby_and_a_new_one_starts(tmp_path):
+    """spec.standby warm executors: a lane whose executor served another solution gets the oldest
+    of them at once (started ahead, not after the change), and the slot keeps that many warm."""
+    s = GpuSlot(SlotSpec("standbys", workdir=str(reachable_tmpdir("fibray-slot-sb-")), standby=2, spare_isolated=0))
+    try:
+        s.info()
+        assert len(s.standbys) == 2
+        for ex in s.standbys:
+            s._ready(ex)
+        for solution in ("rmsnorm_h4096_torch", "rmsnorm_h4096_triton", "rmsnorm_h4096_torch"):
+            warm = [ex.pid for ex in s.standbys]
+            result = s.evaluate(_jobs(solution)[0].model_copy(update={"job_id": f"sb-{solution}-{len(warm)}"}), "auto",
+                                now_iso())
+            assert result.evaluation.status.value == "PASSED", result.evaluation.log[-300:]
+            if s.counters["solution_changes"]:
+                assert s.active.pid == warm[0] and s.standbys[0].pid == warm[1]  # the oldest took the lane
+            assert len(s.standbys) == 2 and all(ex.alive() for ex in s.standbys)
+        assert s.counters["solution_changes"] == 2 and s.counters["promotions"] == 2
+    finally:
+        s.shutdown()

@@ -22,6 +22,25 @@ def test_runner_config_reaches_the_slot_spec_as_a_typed_sandbox_policy() -> None
     assert pickle.loads(pickle.dumps(spec)) == spec  # it crosses to the actor by value
 
 
+@pytest.mark.parametrize(("standby", "lanes", "cpus", "standbys"), [
+    ("auto", 1, 2, 1), ("auto", 4, 2, 4), ("auto", 1, 16, 8), ("auto", 2, 64, 8), ("auto", 1, 6, 3),
+    (True, 4, 16, 1), (False, 4, 16, 0), (3, 1, 16, 3), (0, 2, 16, 0)])
+def test_runner_standby_gives_each_slot_its_count_of_warm_standbys(standby, lanes, cpus, standbys) -> None:
+    """auto: one per lane (each change of solution retires a lane's executor; a lane should not
+    wait for another's successor) and up to one per two CPUs per GPU, at most 8; true keeps its
+    old meaning, one."""
+    spec = PoolOptions.from_runner(RunnerConfig(standby=standby, lanes=lanes), num_slots=1,
+                                   torch_threads=cpus).slot_spec("gpu0.1")
+    assert spec.standby == standbys and type(spec.standby) is int
+
+
+def test_a_negative_standby_count_is_refused() -> None:
+    with pytest.raises(ValueError, match="standby"):
+        RunnerConfig(standby=-1)
+    with pytest.raises(ValueError, match="SlotSpec.standby: must be at least 0, got -1"):
+        SlotSpec("gpu0.1", standby=-1)
+
+
 def test_persistent_isolation_asks_slots_for_no_spare_executors() -> None:
     opts = PoolOptions.from_runner(RunnerConfig(isolation="persistent", spare_isolated=2), num_slots=1)
     assert opts.slot_spec("gpu0.1").spare_isolated == 0

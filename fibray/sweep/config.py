@@ -84,6 +84,21 @@ MAX_AUTO_LANES = 4
 """`runner.lanes: auto` never gives more lanes than this: past it a GPU's timings, not its lanes' compiles, bound it."""
 
 
+MAX_AUTO_STANDBYS = 8
+"""`runner.standby: auto` never keeps more warm executors than this per GPU."""
+
+
+def standby_count(standby: bool | int | str, lanes: int, cpus_per_gpu: int) -> int:
+    """Warm standbys of a slot with `lanes` lanes for runner.standby. auto: one per lane, and up to
+    one per two of the host's CPUs per GPU (at most MAX_AUTO_STANDBYS). An executor serves one
+    solution and takes seconds to start (torch, the device context, Triton's helpers: 4 s on the
+    H200 host), while a solution's jobs there take tenths of a second, so on the H200 one standby
+    left the GPU idle most of the sweep and eight hid the starts (benchmarks/RESULTS.md, section 13)."""
+    if standby == "auto":
+        return max(lanes, min(MAX_AUTO_STANDBYS, cpus_per_gpu // 2))
+    return int(standby)  # True: 1, False: 0
+
+
 def auto_lanes(lanes: int | str, cpus_per_gpu: int) -> int:
     """The lanes of a slot: `lanes` when it is a number; for `auto`, one lane per two of the host's CPUs per
     GPU (a lane's executor compiles while its supervisor thread judges), at least 1 and at most MAX_AUTO_LANES."""
@@ -100,8 +115,11 @@ class RunnerConfig(_Strict):
     """Faults (hang, crash, poisoned context) before a solution is quarantined for the rest of the sweep."""
     max_attempts: int = Field(default=3, ge=1)
     """Runs of a job whose worker slot was lost (node or actor death) before it is recorded as worker_lost."""
-    standby: bool = True
-    """Keep a warm standby executor per GPU that takes over at once."""
+    standby: Union[Literal["auto"], bool, Annotated[int, Field(ge=0, le=16)]] = "auto"
+    """Warm standby executors per GPU, each ready to take a retired lane's place at once (an executor
+    serves one solution, so each change of solution retires one; its successor starts while the
+    lanes run): auto, one per lane and up to one per two CPUs per GPU (see standby_count); true,
+    one; false, none; or a number."""
     spare_isolated: int = Field(default=1, ge=0)
     """Pre-warmed single-use executors per GPU for fresh-process isolation."""
     lanes: Union[Literal["auto"], Annotated[int, Field(ge=1, le=16)]] = "auto"

@@ -47,7 +47,9 @@ KEY_TABLE: tuple[tuple[tuple[str, ...], str], ...] = (
                         "2-core host and 4 on a 16-core one-GPU host); builds, trials and checks overlap, timing "
                         "stays exclusive"),
     (("runner.quarantine_after", "runner.max_attempts"), "faults before quarantine; re-runs of a job whose slot was lost"),
-    (("runner.standby", "runner.spare_isolated"), "a warm standby executor per GPU; pre-warmed single-use executors"),
+    (("runner.standby", "runner.spare_isolated"), "warm standby executors per GPU (`auto`: one per lane, up to one per "
+                                                  "two CPUs per GPU, at most 8; `true`: one; `false`; or a number); "
+                                                  "pre-warmed single-use executors"),
     (("runner.isolate_network", "runner.drop_privileges", "runner.memory_limit_gb", "runner.max_open_files",
       "runner.max_processes", "runner.workdir", "runner.uid_range"), "executor sandbox"),
     (("runner.executor_checks",), "on a GPU that cannot share memory with executors (CUDA VMM), let executors stage "

@@ -27,7 +27,7 @@ from fibray import deadlines
 from fibray.schema.reasons import Reason, is_fault, quarantined
 from fibray.schema import Environment, Evaluation, EvaluationStatus, Job, JobResult
 from fibray.evaluate.phases import now_iso
-from fibray.sweep.config import RunnerConfig, auto_lanes
+from fibray.sweep.config import RunnerConfig, auto_lanes, standby_count
 from fibray.workers.actor import SlotActor
 from fibray.workers.spec import SandboxPolicy, SlotSpec
 
@@ -54,7 +54,7 @@ class PoolOptions:
     isolation: str = "auto"          # auto | persistent | isolated
     quarantine_after: int = 3        # faults before a solution is quarantined
     max_attempts: int = 3            # re-runs of a job whose slot was lost
-    standby: bool = True
+    standby: int = 1                 # warm standby executors per slot
     spare_isolated: int = 1
     lanes: int = 1                   # jobs in flight per slot
     sandbox: SandboxPolicy = field(default_factory=SandboxPolicy)
@@ -75,11 +75,12 @@ class PoolOptions:
             memory_limit_bytes=int(r.memory_limit_gb * (1 << 30)) if r.memory_limit_gb else None,
             max_open_files=r.max_open_files, max_processes=r.max_processes, build_cache=build_cache,
             executor_checks=r.executor_checks)
+        cpus = torch_threads or os.cpu_count() or 1
+        lanes = auto_lanes(r.lanes, cpus)
         return cls(num_slots=num_slots, torch_threads=torch_threads, start_deadline_s=start_deadline_s,
                    isolation=r.isolation, quarantine_after=r.quarantine_after, max_attempts=r.max_attempts,
-                   standby=r.standby, spare_isolated=r.spare_isolated,
-                   lanes=auto_lanes(r.lanes, torch_threads or os.cpu_count() or 1), workdir=workdir or r.workdir,
-                   sandbox=policy)
+                   standby=standby_count(r.standby, lanes, cpus), spare_isolated=r.spare_isolated, lanes=lanes,
+                   workdir=workdir or r.workdir, sandbox=policy)
 
     def slot_spec(self, name: str) -> SlotSpec:
         """What one slot actor is asked to be (no spares where nothing is ever isolated)."""

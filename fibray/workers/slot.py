@@ -53,7 +53,8 @@ class GpuSlot:
     """Supervises executors on the GPU Ray gave this actor (or the CPU, for a logical GPU).
 
     `lanes` jobs may run at once (a threaded Ray actor), each on its own persistent executor;
-    one warm standby replaces whichever of them dies, and the GPU lock keeps timing exclusive.
+    warm standbys (spec.standby of them) replace whichever of them is retired, and the GPU lock
+    keeps timing exclusive.
     """
 
     def __init__(self, spec: SlotSpec, start: Optional[SlotStart] = None) -> None:
@@ -73,7 +74,7 @@ class GpuSlot:
         self._lanes = threading.Semaphore(spec.lanes)
         """A job (persistent or isolated) holds a lane; a job sent ahead of time waits here for one."""
         self.spec = spec
-        self.want_standby, self.spare_isolated, self.lanes = spec.standby, spec.spare_isolated, spec.lanes
+        self.want_standby, self.spare_isolated, self.lanes = int(spec.standby), spec.spare_isolated, spec.lanes
         device = str(self.device) if self.device.type == "cuda" else "cpu"
         # executors first (unless the actor started them already): they warm up while this process does
         if start is None:
@@ -85,7 +86,8 @@ class GpuSlot:
         self.base = start.base
         self.persistent = list(start.persistent)
         self.idle = list(self.persistent)
-        self.standby = start.standby
+        self.standbys = list(start.standbys)
+        """Warm executors, oldest first (the first has had longest to start), each to take a retired lane's place."""
         self.fresh: list[sandbox.Executor] = []
         self.in_use: list[sandbox.Executor] = []
         """Single-use executors a job has taken (off the spare list, not yet retired)."""
@@ -150,7 +152,7 @@ class GpuSlot:
 
     def _take_persistent(self, solution: str) -> sandbox.Executor:
         """A lane's executor for a job of `solution`. An executor serves one solution: one that
-        ran another is retired here and the warm standby takes its lane (nothing an earlier
+        ran another is retired here and a warm standby takes its lane (nothing an earlier
         candidate patched, started or left in memory reaches this one)."""
         failures = 0
         while True:
@@ -198,7 +200,8 @@ class GpuSlot:
         raise NoExecutor("no single-use executor could start:\n" + "\n".join(failures))
 
     def _discard(self, ex: sandbox.Executor, counter: str = "retired") -> None:
-        """Retire an executor; if it was a persistent one, the standby takes its lane at once."""
+        """Retire an executor; if it was a persistent one, the oldest standby takes its lane at once
+        and a new one starts."""
         with self._free:
             sandbox.retire(ex)  # under the lock: a stray reap never sees its dying tree as strays
             self.counters[counter] += 1
@@ -206,12 +209,13 @@ class GpuSlot:
                 self.in_use.remove(ex)
             if ex in self.persistent:
                 self.counters["promotions"] += 1
-                new = self.standby if self.standby is not None else self._spawn(single_use=False)
+                new = self.standbys.pop(0) if self.standbys else self._spawn(single_use=False)
                 self.persistent[self.persistent.index(ex)] = new
                 if ex in self.idle:
                     self.idle.remove(ex)
                 self.idle.append(new)
-                self.standby = self._spawn(single_use=False) if self.want_standby else None
+                while len(self.standbys) < self.want_standby:
+                    self.standbys.append(self._spawn(single_use=False))
                 self._free.notify()
 
     def _healthy(self, ex: sandbox.Executor, phase: Phases) -> bool:
@@ -227,7 +231,7 @@ class GpuSlot:
         """A timed window: every executor of this slot but `keep` (all, for the reference's timing)
         settles its device work and is stopped until the window ends."""
         with self._lock:
-            executors = [e for e in (*self.persistent, self.standby, *self.fresh, *self.in_use) if e is not None]
+            executors = [*self.persistent, *self.standbys, *self.fresh, *self.in_use]
         return self.quiet.window(name, executors, keep)
 
     def _left_behind(self, ex: sandbox.Executor) -> list[int]:
@@ -239,7 +243,7 @@ class GpuSlot:
         undid its executor's adoption of orphans). They count against the job only when it was
         the only one running; with several lanes they cannot be told apart, and are only killed."""
         with self._lock:
-            keep = {e.pid for e in (*self.persistent, self.standby, *self.fresh, *self.in_use) if e is not None}
+            keep = {e.pid for e in (*self.persistent, *self.standbys, *self.fresh, *self.in_use)}
             strays = sandbox.reap_strays(keep, self.spec.sandbox.drop_privileges)
             self.counters["strays_killed"] += len(strays)
         return strays if job_alone else []
@@ -402,7 +406,6 @@ class GpuSlot:
         return self.judge.fail(fault.status, fault.reason, bound_log(log, job.settings.log_limit), job.settings)
 
     def shutdown(self) -> None:
-        for ex in (*self.persistent, self.standby, *self.fresh, *self.in_use):
-            if ex is not None:
-                sandbox.retire(ex)
+        for ex in (*self.persistent, *self.standbys, *self.fresh, *self.in_use):
+            sandbox.retire(ex)
         sandbox.reap_strays(set(), self.spec.sandbox.drop_privileges)

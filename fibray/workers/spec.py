@@ -26,8 +26,9 @@ class SlotSpec:
     """Where the slot makes its private directories; None: the system temp dir."""
     torch_threads: Optional[int] = None
     """CPU threads of the supervisor's torch (reference and checks); None: torch's default."""
-    standby: bool = True
-    """Keep a warm standby executor that takes over at once when a lane's executor is retired."""
+    standby: int = 1
+    """Warm standby executors, each ready to take a retired lane's executor's place at once (0: none;
+    True counts as 1)."""
     spare_isolated: int = 1
     """Pre-warmed single-use executors for fresh-process isolation (0 when never isolating)."""
     lanes: int = 1
@@ -38,6 +39,8 @@ class SlotSpec:
     def __post_init__(self) -> None:
         if self.lanes < 1:
             raise ValueError(f"SlotSpec.lanes: must be at least 1, got {self.lanes}")
+        if self.standby < 0:
+            raise ValueError(f"SlotSpec.standby: must be at least 0, got {self.standby}")
         if self.spare_isolated < 0:
             raise ValueError(f"SlotSpec.spare_isolated: must be at least 0, got {self.spare_isolated}")
         if self.quarantine_after < 1:

@@ -56,7 +56,7 @@ class SlotStart:
     policy: sandbox.SandboxPolicy
     device: str
     persistent: list = field(default_factory=list)
-    standby: Optional[sandbox.Executor] = None
+    standbys: list = field(default_factory=list)
 
     @classmethod
     def begin(cls, spec: SlotSpec, device: Optional[str] = None) -> "SlotStart":
@@ -66,21 +66,20 @@ class SlotStart:
         base = Path(tempfile.mkdtemp(prefix=f"fibray-{spec.name}-", dir=root))
         os.chmod(base, 0o755)
         start = cls(base=base, policy=spec.sandbox, device=device or guess_device())
-        start._spawn_first(spec.lanes, spec.standby)
+        start._spawn_first(spec.lanes, int(spec.standby))
         return start
 
-    def _spawn_first(self, lanes: int, standby: bool) -> None:
+    def _spawn_first(self, lanes: int, standbys: int) -> None:
         self.persistent = [self.spawn(single_use=False) for _ in range(lanes)]
-        self.standby = self.spawn(single_use=False) if standby else None
+        self.standbys = [self.spawn(single_use=False) for _ in range(standbys)]
 
     def restart_on(self, device: str) -> None:
         """The guess was wrong (torch sees another device): the first executors start again on `device`."""
-        lanes, standby = len(self.persistent), self.standby is not None
-        for ex in (*self.persistent, self.standby):
-            if ex is not None:
-                sandbox.retire(ex)
+        lanes, standbys = len(self.persistent), len(self.standbys)
+        for ex in (*self.persistent, *self.standbys):
+            sandbox.retire(ex)
         self.device = device
-        self._spawn_first(lanes, standby)
+        self._spawn_first(lanes, standbys)
 
     def spawn(self, single_use: bool) -> sandbox.Executor:
         return sandbox.spawn(self.device, self.base, self.policy, single_use)
