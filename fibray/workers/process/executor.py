@@ -51,6 +51,14 @@ def main(argv: list[str] | None = None) -> None:
         torch.cuda.synchronize(device)
     import triton  # noqa: F401  (warm: the first candidate should not pay for it)
 
+    if device.type == "cuda":
+        from fibray.compile.triton_warm import warm_triton
+
+        try:
+            warm_triton(device)  # Triton's driver helpers and a launcher: in the warm-up, not in a trial
+        except Exception as e:  # noqa: BLE001  (Triton broken here: its candidates will say so themselves)
+            print(f"fibray: Triton warm-up failed ({type(e).__name__}: {e}); Triton candidates pay for it", flush=True)
+
     if args.quiesce_fd is not None:
         _serve_quiesce(args.quiesce_fd, (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None))
 
