@@ -32,12 +32,13 @@ def run_sweep_cli(overrides: list[str], *, log: Path, env: dict[str, str] | None
     output's tail when the sweep fails."""
     cmd = [sys.executable, "-m", "fibray.sweep", "sweep.progress=false", *overrides]
     t0 = time.monotonic()
-    proc = subprocess.run(cmd, env=env, cwd=cwd, capture_output=True, text=True)
+    with open(log, "w") as out:  # written as it runs: a benchmark stopped at its limit keeps what the sweep said
+        proc = subprocess.run(cmd, env=env, cwd=cwd, stdout=out, stderr=subprocess.STDOUT, text=True)
     wall = time.monotonic() - t0
-    log.write_text(proc.stdout + proc.stderr)
+    output = log.read_text()
     if proc.returncode != 0:
-        raise SystemExit(f"fibray.sweep failed (rc={proc.returncode}); log {log}:\n" + (proc.stdout + proc.stderr)[-3000:])
-    lines = proc.stdout.splitlines()
+        raise SystemExit(f"fibray.sweep failed (rc={proc.returncode}); log {log}:\n" + output[-3000:])
+    lines = output.splitlines()
     breakdown = next((ln.removeprefix("time: ") for ln in lines if ln.startswith("time: ")), "")
     m = re.match(r"setup ([\d.]+)s, slot start-up ([\d.]+)s; jobs: \d+ slot\(s\) x (?:\d+ lane\(s\) x )?([\d.]+)s", breakdown)
     setup, start, window = (float(g) for g in m.groups()) if m else (0.0, 0.0, 0.0)

@@ -184,7 +184,7 @@ def run_fibray(data: Path, work: Path, args: argparse.Namespace, lanes: int, add
         log=work / f"fibray-{tag}.log", cwd=work,
         env={**os.environ, "TRITON_CACHE_DIR": str(cache), **({"RAY_ADDRESS": address} if address else {})})
     rows = TraceStore(store).read(sweep="vs_flashinfer_bench",
-                                  columns=["solution", "workload_uuid", "status", "latency_ms",
+                                  columns=["solution", "workload_uuid", "status", "reason", "latency_ms",
                                            "reference_latency_ms"]).to_pylist()
     return {"rows": rows, "wall_s": run.wall_s, "breakdown": run.breakdown, "summary": run.summary,
             "after_setup_s": run.start_s + run.window_s, "window_s": run.window_s}
@@ -218,7 +218,10 @@ def compare(fibray_rows: list[dict], fib_rows: list[dict]) -> dict[str, Any]:
     ours = {(r["solution"], r["workload_uuid"]): r for r in fibray_rows}
     theirs = {(r["solution"], r["workload_uuid"]): r for r in fib_rows}
     both = sorted(set(ours) & set(theirs))
-    disagree = [(k, ours[k]["status"], theirs[k]["status"]) for k in both if ours[k]["status"] != theirs[k]["status"]]
+    def status(r: dict) -> str:
+        return r["status"] + (f" ({r['reason']})" if r.get("reason") else "")
+
+    disagree = [(k, status(ours[k]), status(theirs[k])) for k in both if ours[k]["status"] != theirs[k]["status"]]
     ratios = [ours[k]["latency_ms"] / theirs[k]["latency_ms"] for k in both
               if ours[k]["status"] == theirs[k]["status"] == "PASSED"
               and ours[k]["latency_ms"] and theirs[k]["latency_ms"]]
@@ -279,10 +282,14 @@ def main(argv: list[str] | None = None) -> None:
           f"iterations {args.iterations}, trials {args.trials}, atol {args.atol}, rtol {args.rtol}")
     res: dict[str, dict] = {}
     if args.only in (None, "flashinfer-bench"):
-        res["flashinfer-bench"] = run_flashinfer_bench(data, work, args)
+        f = res["flashinfer-bench"] = run_flashinfer_bench(data, work, args)
+        print(f"flashinfer-bench: {len(f['rows'])} evaluations, wall {f['wall_s']:.1f} s, Benchmark.run_all "
+              f"{f['run_s']:.1f} s", flush=True)
     if args.only in (None, "fibray"):
         for lanes in args.lanes:
-            res[f"fibray lanes={lanes}"] = run_fibray(data, work, args, lanes)
+            r = res[f"fibray lanes={lanes}"] = run_fibray(data, work, args, lanes)
+            print(f"fibray lanes={lanes}: {len(r['rows'])} evaluations, wall {r['wall_s']:.1f} s; {r['summary']}\n"
+                  f"  time: {r['breakdown']}", flush=True)  # now: a run stopped later keeps this one
         if args.existing_cluster:  # the sweep as a batch job on a Ray cluster that is already up
             with _ray_head(work) as address:
                 res[f"fibray lanes={args.lanes[-1]} on a running cluster"] = run_fibray(data, work, args, args.lanes[-1], address)
@@ -303,6 +310,8 @@ def main(argv: list[str] | None = None) -> None:
         med = statistics.median(r) if r else float("nan")
         print(f"{name} vs {runs[0]}: statuses {c['pairs'] - len(c['disagree'])}/{c['pairs']} agree; latency ratio "
               f"median {med:.3f} over {len(r)} pairs")
+        for (sol, uuid), ours, theirs in c["disagree"]:
+            print(f"  disagree: {sol} {uuid[:8]}: {name} {ours}, {runs[0]} {theirs}")
         ok = not c["disagree"] and len(r) >= LANES_MIN_PAIRS and abs(med - 1) <= LANES_TOLERANCE
         print(f"lanes equivalence (issue 15.3: statuses identical, median latency ratio within "
               f"{LANES_TOLERANCE:.0%} over >= {LANES_MIN_PAIRS} PASSED pairs): {'OK' if ok else 'NOT MET'}"
