@@ -27,4 +27,3 @@ def warm_triton(device: torch.device) -> None:
     torch.cuda.synchronize(device)
     if out.sum().item() != 16.0:
         raise RuntimeError("fibray's Triton warm-up kernel computed the wrong value")
-    del out

@@ -91,8 +91,8 @@ MAX_AUTO_STANDBYS = 8
 def standby_count(standby: bool | int | str, lanes: int, cpus_per_gpu: int) -> int:
     """Warm standbys of a slot with `lanes` lanes for runner.standby. auto: one per lane, and up to
     one per two of the host's CPUs per GPU (at most MAX_AUTO_STANDBYS). An executor serves one
-    solution and takes seconds to start (torch, the device context, Triton's helpers: 4 s on the
-    H200 host), while a solution's jobs there take tenths of a second, so on the H200 one standby
+    solution and takes seconds to start (torch, the device context, Triton's helpers: 6.25 s on
+    the H200 host), while a solution's jobs there take tenths of a second, so on the H200 one standby
     left the GPU idle most of the sweep and eight hid the starts (benchmarks/RESULTS.md, section 13)."""
     if standby == "auto":
         return max(lanes, min(MAX_AUTO_STANDBYS, cpus_per_gpu // 2))

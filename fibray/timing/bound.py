@@ -73,10 +73,14 @@ def max_calls(s: EvalSettings, device_type: str) -> int:
     return s.warmup + timed + wide
 
 
+def _launch_s(device_type: str) -> float:
+    return BOUND_LAUNCH_S.get(device_type, BOUND_LAUNCH_S["cpu"])
+
+
 def explained_s(overhead: Overhead, s: EvalSettings, median_ms: float, device_type: str) -> float:
     """The longest wall a timing with this median can honestly take, before the margin."""
-    launch = BOUND_LAUNCH_S.get(device_type, BOUND_LAUNCH_S["cpu"])
-    return overhead.fixed_s + max_calls(s, device_type) * (median_ms / 1e3 + overhead.per_call_s + launch)
+    per_call = median_ms / 1e3 + overhead.per_call_s + _launch_s(device_type)
+    return overhead.fixed_s + max_calls(s, device_type) * per_call
 
 
 def check_report(timing: Any, wall_s: float, s: EvalSettings, overhead: Overhead, device_type: str) -> None:
@@ -95,7 +99,7 @@ def check_report(timing: Any, wall_s: float, s: EvalSettings, overhead: Overhead
             f"reported median {median_ms:.4g} ms over at most {max_calls(s, device_type)} calls explains "
             f"{explained_s(overhead, s, median_ms, device_type) * 1e3:.1f} ms of wall (overhead "
             f"{overhead.fixed_s * 1e3:.2f} ms + {overhead.per_call_s * 1e6:.1f} us/call + "
-            f"{BOUND_LAUNCH_S.get(device_type, BOUND_LAUNCH_S['cpu']) * 1e6:.0f} us/call launch); the supervisor observed "
+            f"{_launch_s(device_type) * 1e6:.0f} us/call launch); the supervisor observed "
             f"{wall_s * 1e3:.1f} ms (allowed {allowed * 1e3:.1f} ms: x{BOUND_FACTOR} + {slack * 1e3:.0f} ms)"))
 
 

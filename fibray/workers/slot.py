@@ -218,6 +218,10 @@ class GpuSlot:
                     self.standbys.append(self._spawn(single_use=False))
                 self._free.notify()
 
+    def _executors(self) -> list[sandbox.Executor]:
+        """Every executor of this slot: the lanes', the standbys, the spares and the single-use ones taken."""
+        return [*self.persistent, *self.standbys, *self.fresh, *self.in_use]
+
     def _healthy(self, ex: sandbox.Executor, phase: Phases) -> bool:
         with self.gpu.hold(phase, "health"):
             try:
@@ -231,7 +235,7 @@ class GpuSlot:
         """A timed window: every executor of this slot but `keep` (all, for the reference's timing)
         settles its device work and is stopped until the window ends."""
         with self._lock:
-            executors = [*self.persistent, *self.standbys, *self.fresh, *self.in_use]
+            executors = self._executors()
         return self.quiet.window(name, executors, keep)
 
     def _left_behind(self, ex: sandbox.Executor) -> list[int]:
@@ -243,7 +247,7 @@ class GpuSlot:
         undid its executor's adoption of orphans). They count against the job only when it was
         the only one running; with several lanes they cannot be told apart, and are only killed."""
         with self._lock:
-            keep = {e.pid for e in (*self.persistent, *self.standbys, *self.fresh, *self.in_use)}
+            keep = {e.pid for e in self._executors()}
             strays = sandbox.reap_strays(keep, self.spec.sandbox.drop_privileges)
             self.counters["strays_killed"] += len(strays)
         return strays if job_alone else []
@@ -406,6 +410,6 @@ class GpuSlot:
         return self.judge.fail(fault.status, fault.reason, bound_log(log, job.settings.log_limit), job.settings)
 
     def shutdown(self) -> None:
-        for ex in (*self.persistent, *self.standbys, *self.fresh, *self.in_use):
+        for ex in self._executors():
             sandbox.retire(ex)
         sandbox.reap_strays(set(), self.spec.sandbox.drop_privileges)
