@@ -152,3 +152,38 @@ def test_adaptive_timing_is_its_own_job_identity_and_row_mode(tmp_path):
         Job.make_id(job.definition, job.workload, job.solution, job.settings.model_copy(update={"iterations": 40}))
     ev = Evaluator(tmp_path).evaluate(adaptive)
     assert ev.status.value == "PASSED" and ev.performance.timing_mode == "wall_clock+adaptive", ev.log[-500:]
+
+
+def _lying_window(busy: bool):
+    """A timing request whose calls take 2 ms each, on a CPU (`busy`) or asleep, reported 20x short."""
+    calls = max_calls(GPU, "cuda")
+
+    def once() -> Timing:
+        end = time.perf_counter() + calls * 2e-3
+        while time.perf_counter() < end:
+            if not busy:
+                time.sleep(1e-3)
+        return Timing([0.1] * 150, "device_sync")
+
+    return once
+
+
+def test_a_host_bound_gpu_window_keeps_the_latency_the_supervisor_saw():
+    """A window whose executor was on a CPU all along (many small launches, or a spin on the GPU)
+    cannot be judged a lie by the wall: its timing is kept at the wall's latency, never the report's."""
+    timing = bounded_time(_lying_window(busy=True), GPU, H200_OVERHEAD, "cuda", busy=time.process_time)
+    median = sorted(timing.samples_ms)[len(timing.samples_ms) // 2]
+    assert timing.mode == "device_sync+host_bound"
+    assert 1.5 < median < 4.0  # about the 2 ms a call the clock saw, not the 0.1 ms reported
+
+
+def test_an_idle_executor_behind_a_broken_gpu_bound_is_a_verdict():
+    with pytest.raises(BoundBroken) as e:
+        bounded_time(_lying_window(busy=False), GPU, H200_OVERHEAD, "cuda", busy=time.process_time)
+    assert e.value.reason == "timing_below_observed"
+
+
+def test_a_busy_cpu_slot_window_is_still_a_verdict():
+    """On a CPU slot the clock is the executor's own time already: no host-bound way out."""
+    with pytest.raises(BoundBroken):
+        bounded_time(_lying_window(busy=True), GPU, H200_OVERHEAD, "cpu", busy=time.process_time)

@@ -79,12 +79,15 @@ COLUMNS = [*PARTITION_COLUMNS, *SCHEMA.names]
 TIMING_MODES = {"wall_clock": "wall clock", "stream_events": "CUDA events on the stream",
                 "device_sync": "CUDA events, device synchronised"}
 """timing_mode column value -> what it means (summary and report say it in these words)."""
+TIMING_VARIANTS = {"host_bound": "host-bound: latency from the supervisor's clock"}
+"""A timing_mode's "+variant" -> its words, where they differ from its name (fibray.timing.bound.host_bound_timing)."""
 
 
 def describe_timing_mode(mode: str) -> str:
     """A timing_mode value in words: 'wall clock', 'CUDA events on the stream (adaptive)', ..."""
-    base, _, variant = mode.partition("+")
-    return TIMING_MODES.get(base, base) + (f" ({variant})" if variant else "")
+    base, _, variants = mode.partition("+")
+    words = ", ".join(TIMING_VARIANTS.get(v, v) for v in variants.split("+") if v)
+    return TIMING_MODES.get(base, base) + (f" ({words})" if words else "")
 
 
 def environment_limited(evaluation: Evaluation, language: str) -> bool:

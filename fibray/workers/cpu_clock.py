@@ -10,9 +10,10 @@ core or asleep (a kernel that sleeps to look cheap) stays in. Never run in an ex
 
 from __future__ import annotations
 
+import ctypes
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Optional
 
 
 def run_queue_wait_s(pid: int) -> float:
@@ -26,3 +27,24 @@ def run_queue_wait_s(pid: int) -> float:
 def unloaded_clock(pid: int) -> Callable[[], float]:
     """A monotonic clock that stands still while the host keeps `pid`'s main thread off a core."""
     return lambda: time.perf_counter() - run_queue_wait_s(pid)
+
+
+def process_cpu_clock(pid: int) -> Optional[Callable[[], float]]:
+    """The CPU seconds every thread of `pid` has used, exited threads included (the kernel's
+    process CPU-time clock, clock_getcpuclockid): None where the kernel does not give it. Reads
+    0.0 once the process is gone."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        clock_id = ctypes.c_int()
+        if libc.clock_getcpuclockid(pid, ctypes.byref(clock_id)) != 0:
+            return None
+    except (OSError, AttributeError):
+        return None
+
+    def read() -> float:
+        try:
+            return time.clock_gettime(clock_id.value)
+        except OSError:
+            return 0.0
+
+    return read

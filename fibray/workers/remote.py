@@ -20,6 +20,7 @@ from fibray.evaluate.run import CandidateCallFailed, Judge, SideFault
 from fibray.schema import EvaluationStatus, Job
 from fibray.schema.reasons import POISONING_REASONS, Reason
 from fibray.timing import Timing
+from fibray.workers.cpu_clock import process_cpu_clock
 from fibray.workers.process import sandbox
 from fibray.workers.quiesce import Quiet
 from fibray.workers.process.channel import (
@@ -54,6 +55,9 @@ class RemoteCalls:
         only, not the time the job waited between them, nor the time it was stopped (other lanes' timings)."""
         self.executor_pid = ex.executor_pid()
         """The executor's host pid (below its relay in a PID namespace, where ex.pid is the relay's)."""
+        self.busy_clock = process_cpu_clock(self.executor_pid)
+        """The executor's CPU seconds, all threads (kernel accounting): tells a host-bound timing window
+        from a lie on a GPU slot (fibray.timing.bound.HOST_BOUND_SHARE)."""
         self.threads = threads_of(self.executor_pid)
         """The executor's threads when the job started, then once its solution is built (from /proc,
         not from the executor): a call that returns leaving more is work left running."""
