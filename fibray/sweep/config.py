@@ -140,6 +140,10 @@ class RunnerConfig(_Strict):
     handles), let each executor stage its job's memory through host shared memory, so that outputs,
     inputs and guard bytes are verified on copies the executor made (recorded per row as
     checks=executor). False: such a GPU refuses to judge candidates."""
+    fork_server: bool = True
+    """Fork each executor from a warm server per slot (torch, Triton and fibray imported once; each child
+    closes the server's descriptors and enters the same sandbox before any candidate code runs); false:
+    each executor starts its own interpreter (seconds more per executor, and an executor per solution)."""
     memory_limit_gb: Optional[float] = Field(default=16.0, gt=0)
     """Address-space limit of a CPU executor, GiB (not applied on GPUs: CUDA maps huge address ranges)."""
     max_open_files: int = Field(default=4096, ge=64)

@@ -32,6 +32,7 @@ from fibray.timing.roofline import device_caps
 from fibray.workers.cpu_clock import unloaded_clock
 from fibray.workers.gpu_lock import GpuLock, LaneGpu
 from fibray.workers.process import sandbox
+from fibray.workers.process.forkserver import ForkedProcess
 from fibray.workers.remote import CalibrationSide, ExecutorFault, RemoteCalls, answer
 from fibray.workers.spec import SlotSpec
 from fibray.workers.start import SlotStart
@@ -81,6 +82,7 @@ class GpuSlot:
             start = SlotStart.begin(spec, device)
         elif start.device != device:
             start.restart_on(device)
+        start.wait_first()
         self.start = start
         self.name = f"{spec.name}@{socket.gethostname()}:{os.getpid()}"
         self.base = start.base
@@ -136,7 +138,10 @@ class GpuSlot:
         def unusable(what: str, how: str = "") -> NoExecutor:
             sandbox.retire(ex)
             reason, detail = ex.exit_reason()
-            return NoExecutor(f"executor {ex.pid} {what} ({how}{reason}: {detail}): {ex.output_tail()[-2000:]}")
+            error = NoExecutor(f"executor {ex.pid} {what} ({how}{reason}: {detail}): {ex.output_tail()[-2000:]}")
+            if not ex.ready and isinstance(ex.proc, ForkedProcess):
+                self.start.fork_failed(str(error))
+            return error
 
         if not ex.ready:
             try:
@@ -247,7 +252,7 @@ class GpuSlot:
         undid its executor's adoption of orphans). They count against the job only when it was
         the only one running; with several lanes they cannot be told apart, and are only killed."""
         with self._lock:
-            keep = {e.pid for e in self._executors()}
+            keep = {e.pid for e in self._executors()} | self.start.own_pids()
             strays = sandbox.reap_strays(keep, self.spec.sandbox.drop_privileges)
             self.counters["strays_killed"] += len(strays)
         return strays if job_alone else []
@@ -412,4 +417,5 @@ class GpuSlot:
     def shutdown(self) -> None:
         for ex in self._executors():
             sandbox.retire(ex)
+        self.start.close()
         sandbox.reap_strays(set(), self.spec.sandbox.drop_privileges)

@@ -30,7 +30,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     conn = Connection(args.fd)
     _exit_with(os.getppid())
-    from fibray.workers.process.sandbox import become_subreaper
+    from fibray.workers.process.launch import become_subreaper
 
     become_subreaper()  # a candidate's orphans stay below this process, where its job is charged for them
 

@@ -30,18 +30,29 @@ _CLONE_NEWNS = 0x00020000
 _CLONE_NEWPID = 0x20000000
 _MS_NOSUID, _MS_NODEV, _MS_NOEXEC, _MS_REC, _MS_PRIVATE = 0x2, 0x4, 0x8, 0x4000, 0x40000
 _PR_SET_PDEATHSIG = 1
+_PR_SET_CHILD_SUBREAPER = 36
 NETNS_REFUSED = 121
 """Exit status when a network namespace was asked for and refused: better no executor than a networked one."""
 PIDNS_REFUSED = 122
 """Exit status when a PID namespace (and its /proc) was asked for and refused."""
 
 
-def sandbox_argv(*, max_open_files: int, max_processes: int, memory_limit_bytes: int | None,
-                 cpu_seconds: int | None, netns: bool, uid: int | None, pidns: bool = False) -> list[str]:
-    """The launcher's arguments before `--` and the executor's argv."""
-    spec = {"nofile": max_open_files, "nproc": max_processes, "as": memory_limit_bytes, "cpu": cpu_seconds,
+def sandbox_spec(*, max_open_files: int, max_processes: int, memory_limit_bytes: int | None,
+                 cpu_seconds: int | None, netns: bool, uid: int | None, pidns: bool = False) -> dict:
+    """What `apply` puts in force (a JSON object); `parent` is the process that starts the launcher
+    (a fork server replaces it with its own pid: it is the forked executor's parent)."""
+    return {"nofile": max_open_files, "nproc": max_processes, "as": memory_limit_bytes, "cpu": cpu_seconds,
             "netns": netns, "uid": uid, "pidns": pidns, "parent": os.getpid()}
+
+
+def launcher_argv(spec: dict) -> list[str]:
+    """The launcher's arguments before `--` and the executor's argv."""
     return [sys.executable, "-m", "fibray.workers.process.launch", json.dumps(spec), "--"]
+
+
+def sandbox_argv(**limits) -> list[str]:
+    """launcher_argv of `sandbox_spec(**limits)`."""
+    return launcher_argv(sandbox_spec(**limits))
 
 
 def _relay(child: int, parent: int, alive_fd: int) -> None:
@@ -110,6 +121,12 @@ def apply(spec: dict) -> None:
         if select.select([relay_gone], [], [], 0)[0]:  # the relay ended before the signal was armed
             os._exit(1)
         os.close(relay_gone)
+
+
+def become_subreaper() -> None:
+    """Orphans of our executors re-parent to us (not to init), so we can find and kill them."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
 
 
 def main(argv: list[str]) -> None:

@@ -29,7 +29,9 @@ from typing import Optional
 import fibray
 from fibray import deadlines
 from fibray.workers.process.arena import ARENA_BYTES, Arena
-from fibray.workers.process.launch import NETNS_REFUSED, PIDNS_REFUSED, sandbox_argv
+from fibray.workers.process.forkserver import ForkServer, ForkServerGone
+from fibray.workers.process.launch import (NETNS_REFUSED, PIDNS_REFUSED, become_subreaper, launcher_argv,  # noqa: F401
+                                          sandbox_argv, sandbox_spec)
 from fibray.schema.reasons import Reason
 from fibray.workers.process.uids import DEFAULT_UID_RANGE, UidLease, UidPool, process_uids
 
@@ -40,7 +42,6 @@ _ENV_ALLOW = {
     "TORCH_CUDA_ARCH_LIST", "FIBRAY_CUDA_ARCH", "CC", "CXX", "NVCC",
 }
 _SECRET = re.compile(r"TOKEN|SECRET|PASSW|CREDENTIAL|API_?KEY|ACCESS_?KEY|PRIVATE|AUTH|COOKIE|SESSION", re.I)
-_PR_SET_CHILD_SUBREAPER = 36
 _LOG_TAIL_BYTES = 64 * 1024
 
 
@@ -59,6 +60,7 @@ class SandboxPolicy:
     build_cache: Optional[str] = None               # compiled-artifact cache written by fibray, read-only to executors
     arena_bytes: int = ARENA_BYTES                  # shared memory for replies' tensors (0: the socket carries them)
     executor_checks: bool = False                   # a GPU without CUDA VMM stages job memory through the host
+    fork_server: bool = True                        # fork executors from a warm server (forkserver.py), not exec each
 
 
 def scrubbed_env(extra: dict[str, str]) -> dict[str, str]:
@@ -255,9 +257,41 @@ def _drain(ex: Executor) -> None:
         ex._tail.append(chunk)
 
 
-def spawn(device: str, base_dir: Path, policy: SandboxPolicy, single_use: bool) -> Executor:
-    """Start an executor; it warms up (imports, device context) on its own and says when ready.
-    Raises PrivilegeError when privileges are to be dropped and cannot be."""
+def _executor_env(device: str, home: Path, policy: SandboxPolicy) -> dict[str, str]:
+    """The environment of an executor (or of the fork server it comes from) living in `home`:
+    every cache it writes is its own; the shared build cache is written by fibray only."""
+    env = scrubbed_env({
+        "HOME": str(home), "TMPDIR": str(home), "PYTHONDONTWRITEBYTECODE": "1", "PYTHONUNBUFFERED": "1",
+        "TRITON_CACHE_DIR": str(home / ".triton"), "TRITON_HOME": str(home), "FIBRAY_EXECUTOR": "1",
+    })
+    env.pop("FIBRAY_BUILD_CACHE", None)
+    if policy.build_cache:
+        env["FIBRAY_BUILD_CACHE"] = policy.build_cache
+    if device == "cpu":
+        env["TRITON_INTERPRET"] = "1"
+        env.setdefault("OMP_NUM_THREADS", "1")
+    return env
+
+
+def fork_server(device: str, base_dir: Path, policy: SandboxPolicy) -> Optional[ForkServer]:
+    """A warm fork server for this slot's executors on `device` (None when the policy asks for none).
+    It warms up on its own; spawn() waits for it only when it needs it."""
+    if not policy.fork_server:
+        return None
+    home = Path(tempfile.mkdtemp(prefix="forkserver-", dir=base_dir))
+    os.chmod(home, 0o755)
+    env = {**_executor_env(device, home, policy), "PYTORCH_NVML_BASED_CUDA_CHECK": "1",  # no CUDA before a fork
+           **{k: "1" for k in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")}}  # no idle pools to fork
+    return ForkServer(device, env, home, require_uid=policy.drop_privileges)
+
+
+_FALLBACKS: list[str] = []
+
+
+def spawn(device: str, base_dir: Path, policy: SandboxPolicy, single_use: bool,
+          server: Optional[ForkServer] = None) -> Executor:
+    """Start an executor; it warms up (device context, and imports unless `server` forks it warm)
+    on its own and says when ready. Raises PrivilegeError when privileges are to be dropped and cannot be."""
     problem = privilege_problem(policy, str(base_dir))
     if problem is not None:
         raise PrivilegeError(problem)
@@ -270,31 +304,24 @@ def spawn(device: str, base_dir: Path, policy: SandboxPolicy, single_use: bool) 
     pidns = policy.pid_namespace and pid_namespaces_available()
     if uid is not None:
         os.chown(workdir, uid, uid)  # mode 0700 (mkdtemp): no other executor may look in
-    # every cache an executor writes is its own; the shared build cache is written by fibray only
-    env = scrubbed_env({
-        "HOME": str(workdir), "TMPDIR": str(workdir), "PYTHONDONTWRITEBYTECODE": "1", "PYTHONUNBUFFERED": "1",
-        "TRITON_CACHE_DIR": str(workdir / ".triton"), "FIBRAY_EXECUTOR": "1",
-    })
-    env.pop("FIBRAY_BUILD_CACHE", None)
-    if policy.build_cache:
-        env["FIBRAY_BUILD_CACHE"] = policy.build_cache
-    if device == "cpu":
-        env["TRITON_INTERPRET"] = "1"
-        env.setdefault("OMP_NUM_THREADS", "1")
+    env = _executor_env(device, workdir, policy)
     limits = policy if device == "cpu" else SandboxPolicy(**{**policy.__dict__, "memory_limit_bytes": None})
     arena = Arena.create(policy.arena_bytes) if policy.arena_bytes else None
-    argv = [*sandbox_argv(max_open_files=limits.max_open_files, max_processes=limits.max_processes,
-                          memory_limit_bytes=limits.memory_limit_bytes, cpu_seconds=limits.cpu_seconds,
-                          netns=netns, uid=uid, pidns=pidns),
-            sys.executable, "-m", "fibray.workers.process.executor", "--fd", str(theirs.fileno()), "--device", device,
-            "--workdir", str(workdir), "--quiesce-fd", str(side_theirs.fileno())]
-    if arena is not None:
-        argv += ["--arena-fd", str(arena.fd), "--arena-bytes", str(arena.size)]
+    spec = sandbox_spec(max_open_files=limits.max_open_files, max_processes=limits.max_processes,
+                        memory_limit_bytes=limits.memory_limit_bytes, cpu_seconds=limits.cpu_seconds,
+                        netns=netns, uid=uid, pidns=pidns)
     try:
-        proc = subprocess.Popen(
-            argv, env=env, cwd=workdir, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-            pass_fds=(theirs.fileno(), side_theirs.fileno(), *([arena.fd] if arena else [])), start_new_session=True,
-        )  # no preexec_fn: the launcher applies the sandbox after exec (see fibray.workers.process.launch)
+        proc = _forked(server, spec, env, workdir, device, theirs, side_theirs, arena) if server is not None else None
+        if proc is None:
+            argv = [*launcher_argv(spec),
+                    sys.executable, "-m", "fibray.workers.process.executor", "--fd", str(theirs.fileno()),
+                    "--device", device, "--workdir", str(workdir), "--quiesce-fd", str(side_theirs.fileno())]
+            if arena is not None:
+                argv += ["--arena-fd", str(arena.fd), "--arena-bytes", str(arena.size)]
+            proc = subprocess.Popen(
+                argv, env=env, cwd=workdir, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                pass_fds=(theirs.fileno(), side_theirs.fileno(), *([arena.fd] if arena else [])), start_new_session=True,
+            )  # no preexec_fn: the launcher applies the sandbox after exec (see fibray.workers.process.launch)
     except BaseException:
         if arena is not None:
             arena.close()
@@ -310,6 +337,26 @@ def spawn(device: str, base_dir: Path, policy: SandboxPolicy, single_use: bool) 
     ex.drainer = threading.Thread(target=_drain, args=(ex,), daemon=True)
     ex.drainer.start()
     return ex
+
+
+def _forked(server: ForkServer, spec: dict, env: dict, workdir: Path, device: str, channel: socket.socket,
+            side: socket.socket, arena: Optional[Arena]):
+    """The executor forked by `server` (a ForkedProcess), or None when the server cannot (said once)."""
+    out_r, out_w = os.pipe()
+    fds = {"stdout": out_w, "channel": channel.fileno(), "quiesce": side.fileno(), **({"arena": arena.fd} if arena else {})}
+    request = {"sandbox": spec, "env": env, "cwd": str(workdir), "device": device, "workdir": str(workdir),
+               "arena_bytes": arena.size if arena else 0}
+    stdout = open(out_r, "rb", buffering=0)
+    try:
+        return server.spawn(request, fds, stdout, deadlines.EXECUTOR_READY_S)
+    except ForkServerGone as e:
+        stdout.close()
+        if not _FALLBACKS:
+            print(f"fibray: the fork server cannot start executors ({e}); each starts its own interpreter", file=sys.stderr)
+        _FALLBACKS.append(str(e))
+        return None
+    finally:
+        os.close(out_w)
 
 
 def _children(pid: int) -> list[int]:
@@ -395,12 +442,6 @@ def uid_of(pid: int) -> Optional[int]:
     except (OSError, ValueError, IndexError):
         return None
     return None
-
-
-def become_subreaper() -> None:
-    """Orphans of our executors re-parent to us (not to init), so we can find and kill them."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
 
 
 def _stat(pid: int) -> tuple[int, str]:
