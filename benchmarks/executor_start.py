@@ -6,7 +6,8 @@ An executor serves one solution (issue 14.3), so a sweep starts one per solution
 cost warm standbys must hide. Prints, first, where a bare interpreter's start goes (python,
 `import torch`, the device context, `import triton`, fibray's candidate runner), each measured in
 a fresh process; then spawn-to-hello of real sandboxed executors (the sweep's default policy:
-their own uid when run as root, network and PID namespaces), `count` at once.
+their own uid when run as root, network and PID namespaces), `count` at once, each starting its own
+interpreter (the baseline) and forked from a warm fork server (fibray.workers.process.forkserver).
 """
 
 from __future__ import annotations
@@ -62,9 +63,10 @@ def executors(device: str, counts: list[int]) -> None:
     print(f"sandbox: drop_privileges={spec.sandbox.drop_privileges}, network isolated={spec.sandbox.isolate_network}, "
           f"pid namespace={spec.sandbox.pid_namespace}", flush=True)
     ready = GpuSlot._ready
-    for n in counts:
+
+    def batch(n: int, server) -> float:
         t0 = time.perf_counter()
-        exs = [sandbox.spawn(device, base, spec.sandbox, single_use=False) for _ in range(n)]
+        exs = [sandbox.spawn(device, base, spec.sandbox, single_use=False, server=server) for _ in range(n)]
         spawned = time.perf_counter() - t0
         times = []
         for ex in exs:
@@ -72,8 +74,22 @@ def executors(device: str, counts: list[int]) -> None:
             times.append(time.perf_counter() - t0)
         for ex in exs:
             sandbox.retire(ex)
-        print(f"{n} executor(s) at once: spawned in {spawned:.2f} s; ready after {min(times):.2f} s (first), "
+        how = "forked" if server is not None else "own interpreter"
+        print(f"{how}: {n} executor(s) at once: spawned in {spawned:.2f} s; ready after {min(times):.2f} s (first), "
               f"{max(times):.2f} s (last): {n / max(times):.2f} executors/s", flush=True)
+        return n / max(times)
+
+    plain = {n: batch(n, None) for n in counts}  # the baseline: each executor starts its own interpreter
+    t0 = time.perf_counter()
+    server = sandbox.fork_server(device, base, spec.sandbox)
+    server.ready.wait(300)
+    print(f"fork server warm after {time.perf_counter() - t0:.2f} s ({'ready' if not server.lost else server.why})",
+          flush=True)
+    try:
+        for n in counts:
+            print(f"  {n} at once: forked / own interpreter = {batch(n, server) / plain[n]:.1f}x executors/s", flush=True)
+    finally:
+        server.close()
 
 
 def main() -> None:
