@@ -186,6 +186,8 @@ def _candidates(out: GeneratorOutput, state: _State, round_: int, limit: int) ->
 
 
 class _Progress:
+    """One stderr line per definition and finished round (flushed: a parent reading the pipe sees it at once)."""
+
     def __init__(self, cfg: EvolveConfig) -> None:
         self.enabled, self.max_rounds = cfg.evolve.progress, cfg.evolve.budget.max_rounds
         self.t0, self.rounds = time.monotonic(), 0
@@ -195,12 +197,13 @@ class _Progress:
             return
         counts = Counter(candidate_feedback(c, state.rows.get(c.solution.name, []), len(state.split.public), 10)["status"]
                          for c in record.candidates)
-        per = (time.monotonic() - self.t0) / max(1, self.rounds)
+        elapsed = time.monotonic() - self.t0
+        per = elapsed / max(1, self.rounds)
         left = max(0, last - record.round)
         what = " ".join(f"{k}={v}" for k, v in sorted(counts.items())) or f"none ({record.status})"
         print(f"[{name}] round {record.round}/{self.max_rounds}: {len(record.candidates)} candidates {what} | best "
-              f"{'-' if best is None else f'{best:.3g}x'} | {per:.1f}s/round, ETA {left * per:.0f}s",
-              file=sys.stderr, flush=True)
+              f"{'-' if best is None else f'{best:.3g}x'} | {elapsed:.0f}s elapsed, {per:.1f}s/round, "
+              f"ETA {left * per:.0f}s", file=sys.stderr, flush=True)
 
 
 def _load_states(cfg: EvolveConfig, ds: Dataset, store: TraceStore, ledger: Ledger) -> dict[str, _State]:
