@@ -1,6 +1,7 @@
 """The timing bound's clock on a CPU slot: the supervisor's wall clock less the time the kernel
-kept the executor's main thread waiting for a core (schedstat's run-queue wait, read from /proc:
-kernel accounting the candidate cannot rebind).
+kept the executor's main thread waiting for a core that the executor's own threads did not take
+(schedstat's run-queue wait and the kernel's CPU clocks, read from /proc: kernel accounting the
+candidate cannot rebind).
 
 On a loaded host (a CI machine with many jobs per core) the plain wall around a timing request
 grew with the waits between an honest executor's calls, and honest reports broke the bound; the
@@ -11,6 +12,7 @@ core or asleep (a kernel that sleeps to look cheap) stays in. Never run in an ex
 from __future__ import annotations
 
 import ctypes
+import os
 import time
 from pathlib import Path
 from typing import Callable, Optional
@@ -24,9 +26,40 @@ def run_queue_wait_s(pid: int) -> float:
         return 0.0
 
 
+def main_thread_cpu_s(pid: int) -> float:
+    """Seconds the main thread of `pid` has run on a core (0 where unreadable)."""
+    try:
+        return int(Path(f"/proc/{pid}/task/{pid}/schedstat").read_text().split()[0]) / 1e9
+    except (OSError, ValueError, IndexError):
+        return 0.0
+
+
+def waited_children_cpu_s(pid: int) -> float:
+    """CPU seconds of the children `pid` has waited for (cutime + cstime; clock ticks)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[13]) + int(fields[14])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return 0.0
+
+
 def unloaded_clock(pid: int) -> Callable[[], float]:
-    """A monotonic clock that stands still while the host keeps `pid`'s main thread off a core."""
-    return lambda: time.perf_counter() - run_queue_wait_s(pid)
+    """A monotonic clock that stands still while the host keeps `pid`'s main thread off a core, but
+    not while the process's own threads (and the children it collected) do: wall - max(0, main
+    thread's run-queue wait - CPU of the process's other threads and waited-for children).
+
+    A candidate that lowers its main thread's priority and hands its work to threads of its own
+    makes its main thread wait for a core as a loaded host does; that wait is its own doing and is
+    counted (`offender_hides_behind_threads`). The cap keeps the reading at or below the plain wall:
+    an honest multi-threaded candidate on an idle host reads the wall, as before. Children that
+    are collected automatically (SIGCHLD ignored) leave no CPU time to add: not covered."""
+    total = process_cpu_clock(pid)
+
+    def read() -> float:
+        others = (max(0.0, total() - main_thread_cpu_s(pid)) if total is not None else 0.0) + waited_children_cpu_s(pid)
+        return time.perf_counter() - max(0.0, run_queue_wait_s(pid) - others)
+
+    return read
 
 
 def process_cpu_clock(pid: int) -> Optional[Callable[[], float]]:
