@@ -146,13 +146,16 @@ def test_executor_failing_its_health_check_is_retired_before_the_next_job(slot):
     # the lane's executor serves another solution first (whatever earlier tests left in the lane)
     first = slot.evaluate(job.model_copy(update={"job_id": "before-canary"}), "auto", now_iso())
     assert first.evaluation.status.value == "PASSED", first.evaluation.log[-300:]
+    served_another = [e for e in slot.idle if e.solution == job.solution.hash]  # none if that job's executor was retired
     before = dict(slot.counters)
     slot.evaluate(job.model_copy(update={"job_id": "breaks-canary", "solution": poisoner}), "auto", now_iso())
-    # the canary's known answer came out wrong: the executor is retired and the standby takes over
-    # (a standby took over once before, when the lane's executor that had served another solution was retired)
+    # an executor that served another solution is retired, never handed to the poisoner; the canary's
+    # known answer came out wrong, so the poisoner's executor is retired too; a standby takes the lane each time
+    changes = slot.counters["solution_changes"] - before["solution_changes"]
+    assert changes == len(served_another), (first.escalated, first.evaluation.log[-300:])
     assert slot.counters["retired"] == before["retired"] + 1
-    assert slot.counters["solution_changes"] == before["solution_changes"] + 1
-    assert slot.counters["promotions"] == before["promotions"] + 2
+    assert not any(e.solution == poisoner.hash for e in slot._executors())
+    assert slot.counters["promotions"] == before["promotions"] + 1 + changes
     after = slot.evaluate(job.model_copy(update={"job_id": "after-canary"}), "auto", now_iso())
     assert after.evaluation.status.value == "PASSED" and not after.escalated
 
