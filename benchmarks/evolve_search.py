@@ -1,7 +1,7 @@
 """The built-in search of the agent loop against the hand-written Triton solutions of datasets/llm.
 
     python benchmarks/evolve_search.py [--rounds 40] [--candidates 4] [--store DIR] [--cpu] [--loop-timeout S]
-                                       [hydra.override=value ...]
+                                       [--warmup 10 --iterations 50 --trials 3] [hydra.override=value ...]
 
 Runs `python -m fibray.evolve +experiment=evolve_search` (the built-in search) from the deliberately
 untuned templates in examples/evolve/ on an rmsnorm, a GEMM and a GQA paged-decode definition, then `python -m fibray.sweep`
@@ -137,6 +137,9 @@ def main() -> int:
     p.add_argument("--stamp", default=None, help="resume the runs of an earlier invocation (its printed stamp)")
     p.add_argument("--loop-timeout", type=float, default=None,
                    help="seconds per fibray.evolve run before it is stopped (its finished rounds are kept)")
+    p.add_argument("--warmup", type=int, default=None, help="timing warm-up calls (default 10 on a GPU, 0 on a CPU)")
+    p.add_argument("--iterations", type=int, default=None, help="timed calls per trial (default 50 on a GPU, 2 on a CPU)")
+    p.add_argument("--trials", type=int, default=None, help="trials (default 3 on a GPU, 1 on a CPU)")
     p.add_argument("overrides", nargs="*", help="Hydra overrides for the loops and sweeps, e.g. runner.lanes=2")
     a = p.parse_args()
     gpus = _gpus()
@@ -146,8 +149,9 @@ def main() -> int:
     wset = "cpu_small" if cpu else "gpu"
     if not cpu:
         _ensure_gpu_workloads([d for root, _, defs in groups if root == LLM for d in defs])
-    evals = (["eval.warmup=0", "eval.iterations=2", "eval.trials=1"] if cpu
-             else ["eval.warmup=10", "eval.iterations=50", "eval.trials=3"])
+    timing = dict(zip(("warmup", "iterations", "trials"), (0, 2, 1) if cpu else (10, 50, 3)))
+    timing.update({k: v for k, v in (("warmup", a.warmup), ("iterations", a.iterations), ("trials", a.trials)) if v is not None})
+    evals = [f"eval.{k}={v}" for k, v in timing.items()]
     stamp = a.stamp or time.strftime("%Y%m%dT%H%M%S")
     print(f"{time.strftime('%Y-%m-%d %H:%M:%S')} stamp {stamp}, {'CPU (interpreted Triton)' if cpu else f'{gpus} GPU(s)'}: "
           f"{rounds} rounds x {cands} candidates on {[d for _, _, defs in groups for d in defs]} ({wset})", flush=True)
