@@ -17,27 +17,22 @@ import time
 from pathlib import Path
 from typing import Callable, Optional
 
+from fibray.workers.process.sandbox import stat_fields
 
-def run_queue_wait_s(pid: int) -> float:
-    """Seconds the main thread of `pid` has spent runnable but not running (0 where unreadable)."""
+
+def _schedstat(pid: int) -> tuple[float, float]:
+    """(seconds on a core, seconds runnable but not running) of the main thread of `pid` (0 where unreadable)."""
     try:
-        return int(Path(f"/proc/{pid}/task/{pid}/schedstat").read_text().split()[1]) / 1e9
-    except (OSError, ValueError, IndexError):
-        return 0.0
-
-
-def main_thread_cpu_s(pid: int) -> float:
-    """Seconds the main thread of `pid` has run on a core (0 where unreadable)."""
-    try:
-        return int(Path(f"/proc/{pid}/task/{pid}/schedstat").read_text().split()[0]) / 1e9
-    except (OSError, ValueError, IndexError):
-        return 0.0
+        on_cpu, waited = Path(f"/proc/{pid}/task/{pid}/schedstat").read_text().split()[:2]
+        return int(on_cpu) / 1e9, int(waited) / 1e9
+    except (OSError, ValueError):
+        return 0.0, 0.0
 
 
 def waited_children_cpu_s(pid: int) -> float:
     """CPU seconds of the children `pid` has waited for (cutime + cstime; clock ticks)."""
     try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        fields = stat_fields(pid)
         return (int(fields[13]) + int(fields[14])) / os.sysconf("SC_CLK_TCK")
     except (OSError, ValueError, IndexError):
         return 0.0
@@ -56,8 +51,9 @@ def unloaded_clock(pid: int) -> Callable[[], float]:
     total = process_cpu_clock(pid)
 
     def read() -> float:
-        others = (max(0.0, total() - main_thread_cpu_s(pid)) if total is not None else 0.0) + waited_children_cpu_s(pid)
-        return time.perf_counter() - max(0.0, run_queue_wait_s(pid) - others)
+        on_cpu, waited = _schedstat(pid)
+        others = (max(0.0, total() - on_cpu) if total is not None else 0.0) + waited_children_cpu_s(pid)
+        return time.perf_counter() - max(0.0, waited - others)
 
     return read
 

@@ -16,6 +16,7 @@ from typing import Optional
 
 from fibray.workers.process import sandbox
 from fibray.workers.process.forkserver import ForkServer
+from fibray.workers.process.launch import become_subreaper
 from fibray.workers.spec import SlotSpec
 
 
@@ -68,7 +69,7 @@ class SlotStart:
 
     @classmethod
     def begin(cls, spec: SlotSpec, device: Optional[str] = None) -> "SlotStart":
-        sandbox.become_subreaper()
+        become_subreaper()
         root = Path(spec.workdir) if spec.workdir else Path(tempfile.gettempdir())
         root.mkdir(parents=True, exist_ok=True)
         base = Path(tempfile.mkdtemp(prefix=f"fibray-{spec.name}-", dir=root))

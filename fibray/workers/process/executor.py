@@ -19,6 +19,15 @@ LEAK_BYTES = 256 << 20
 (and is replaced); reference cycles are collected first, so only memory still held counts."""
 
 
+def arguments(*, channel_fd: int, device: str, workdir: str, quiesce_fd: int, arena_fd: int | None = None,
+              arena_bytes: int = 0) -> list[str]:
+    """The arguments `main` takes (after the program name), for the launcher and the fork server alike."""
+    args = ["--fd", str(channel_fd), "--device", device, "--workdir", workdir, "--quiesce-fd", str(quiesce_fd)]
+    if arena_fd is not None:
+        args += ["--arena-fd", str(arena_fd), "--arena-bytes", str(arena_bytes)]
+    return args
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="fibray.workers.process.executor")
     parser.add_argument("--fd", type=int, required=True)

@@ -90,7 +90,6 @@ class ForkServer:
     """The supervisor's end of one fork server (one per slot and device)."""
 
     def __init__(self, device: str, env: dict[str, str], cwd: Path, require_uid: bool) -> None:
-        self.device = device
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         argv = [sys.executable, "-m", "fibray.workers.process.forkserver", "--fd", str(theirs.fileno()),
                 "--device", device, *(["--require-uid"] if require_uid else [])]
@@ -133,12 +132,11 @@ class ForkServer:
                     child = self._children.pop(msg["pid"], None)
                     if child is not None:
                         child._end(msg["code"])
-                elif msg["op"] == "refused":
-                    self.why = msg["error"]
-                    self._replies[msg.get("id", -1)] = msg
-                    self._replied.notify_all()
-                else:  # spawned: listed before any notice of its end can arrive
-                    self._replies[msg["id"]] = msg
+                else:  # spawned (listed before any notice of its end can arrive) or refused
+                    if msg["op"] == "refused":
+                        self.why = msg["error"]
+                    if msg.get("id") is not None:  # none: the warm-up's refusal, the server ends next
+                        self._replies[msg["id"]] = msg
                     self._replied.notify_all()
         with self._lock:
             self.lost = True
@@ -245,7 +243,7 @@ def _warm(device: str) -> None:
     gc.freeze()
 
 
-def _child(sock: socket.socket, wake: tuple[int, int], request: dict, fds: list[int]) -> None:
+def _child(sock: socket.socket, request: dict, fds: list[int]) -> None:
     """In the forked child: shed everything of the server, enter the sandbox, become the executor. Never returns."""
     code = 1
     try:
@@ -264,7 +262,6 @@ def _child(sock: socket.socket, wake: tuple[int, int], request: dict, fds: list[
             if fd > low:  # closerange(n, n) would close everything from n up (close_range's last = -1)
                 os.closerange(low, fd)
             low = fd + 1
-        del wake
         os.environ.clear()
         os.environ.update(request["env"])
         os.chdir(request["cwd"])
@@ -278,13 +275,12 @@ def _child(sock: socket.socket, wake: tuple[int, int], request: dict, fds: list[
         import torch
 
         torch.manual_seed(int.from_bytes(os.urandom(8), "little") & ((1 << 63) - 1))
-        argv = ["--fd", str(by_role["channel"]), "--device", request["device"], "--workdir", request["workdir"],
-                "--quiesce-fd", str(by_role["quiesce"])]
-        if "arena" in by_role:
-            argv += ["--arena-fd", str(by_role["arena"]), "--arena-bytes", str(request["arena_bytes"])]
-        sys.argv = ["fibray.workers.process.executor", *argv]
         from fibray.workers.process import executor
 
+        argv = executor.arguments(channel_fd=by_role["channel"], device=request["device"], workdir=request["workdir"],
+                                  quiesce_fd=by_role["quiesce"], arena_fd=by_role.get("arena"),
+                                  arena_bytes=request["arena_bytes"])
+        sys.argv = ["fibray.workers.process.executor", *argv]
         executor.main(argv)
         code = 0
     except SystemExit as e:
@@ -366,7 +362,7 @@ def serve(fd: int, device: str, require_uid: bool) -> None:
             sys.stderr.flush()
             pid = os.fork()
             if pid == 0:
-                _child(sock, (wake_r, wake_w), request, fds)
+                _child(sock, request, fds)
             children.add(pid)
             for f in fds:
                 os.close(f)

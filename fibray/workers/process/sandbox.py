@@ -9,7 +9,6 @@ executor starts. Killing one kills its whole process group and every process it 
 
 from __future__ import annotations
 
-import ctypes
 import os
 import re
 import signal
@@ -28,10 +27,10 @@ from typing import Optional
 
 import fibray
 from fibray import deadlines
+from fibray.workers.process import executor
 from fibray.workers.process.arena import ARENA_BYTES, Arena
 from fibray.workers.process.forkserver import ForkServer, ForkServerGone
-from fibray.workers.process.launch import (NETNS_REFUSED, PIDNS_REFUSED, become_subreaper, launcher_argv,  # noqa: F401
-                                          sandbox_argv, sandbox_spec)
+from fibray.workers.process.launch import NETNS_REFUSED, PIDNS_REFUSED, launcher_argv, sandbox_argv, sandbox_spec
 from fibray.schema.reasons import Reason
 from fibray.workers.process.uids import DEFAULT_UID_RANGE, UidLease, UidPool, process_uids
 
@@ -285,7 +284,8 @@ def fork_server(device: str, base_dir: Path, policy: SandboxPolicy) -> Optional[
     return ForkServer(device, env, home, require_uid=policy.drop_privileges)
 
 
-_FALLBACKS: list[str] = []
+_FALLBACK_SAID: list[bool] = []
+"""Non-empty once a spawn said that the fork server could not start executors (said once a process)."""
 
 
 def spawn(device: str, base_dir: Path, policy: SandboxPolicy, single_use: bool,
@@ -313,11 +313,10 @@ def spawn(device: str, base_dir: Path, policy: SandboxPolicy, single_use: bool,
     try:
         proc = _forked(server, spec, env, workdir, device, theirs, side_theirs, arena) if server is not None else None
         if proc is None:
-            argv = [*launcher_argv(spec),
-                    sys.executable, "-m", "fibray.workers.process.executor", "--fd", str(theirs.fileno()),
-                    "--device", device, "--workdir", str(workdir), "--quiesce-fd", str(side_theirs.fileno())]
-            if arena is not None:
-                argv += ["--arena-fd", str(arena.fd), "--arena-bytes", str(arena.size)]
+            argv = [*launcher_argv(spec), sys.executable, "-m", "fibray.workers.process.executor",
+                    *executor.arguments(channel_fd=theirs.fileno(), device=device, workdir=str(workdir),
+                                   quiesce_fd=side_theirs.fileno(), arena_fd=arena.fd if arena else None,
+                                   arena_bytes=arena.size if arena else 0)]
             proc = subprocess.Popen(
                 argv, env=env, cwd=workdir, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                 pass_fds=(theirs.fileno(), side_theirs.fileno(), *([arena.fd] if arena else [])), start_new_session=True,
@@ -351,9 +350,9 @@ def _forked(server: ForkServer, spec: dict, env: dict, workdir: Path, device: st
         return server.spawn(request, fds, stdout, deadlines.EXECUTOR_READY_S)
     except ForkServerGone as e:
         stdout.close()
-        if not _FALLBACKS:
+        if not _FALLBACK_SAID:
             print(f"fibray: the fork server cannot start executors ({e}); each starts its own interpreter", file=sys.stderr)
-        _FALLBACKS.append(str(e))
+            _FALLBACK_SAID.append(True)
         return None
     finally:
         os.close(out_w)
@@ -444,11 +443,16 @@ def uid_of(pid: int) -> Optional[int]:
     return None
 
 
-def _stat(pid: int) -> tuple[int, str]:
-    """(parent pid, state letter) of a process."""
+def stat_fields(pid: int) -> list[bytes]:
+    """/proc/<pid>/stat's fields after the command name: state, ppid, ... (proc(5)'s field 3 is [0])."""
     with open(f"/proc/{pid}/stat", "rb") as f:
         data = f.read()
-    fields = data[data.rindex(b")") + 2:].split()
+    return data[data.rindex(b")") + 2:].split()
+
+
+def _stat(pid: int) -> tuple[int, str]:
+    """(parent pid, state letter) of a process."""
+    fields = stat_fields(pid)
     return int(fields[1]), fields[0].decode()
 
 
