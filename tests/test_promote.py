@@ -1,5 +1,5 @@
-"""`python -m fibray.promote` on the CPU: the hidden gate, the re-benchmark gate, the sanitizer
-gate's not_run path, reviews, rollout steps and the stage table, over real Ray sweeps."""
+"""`python -m fibray.promote` on the CPU: the hidden gate, the re-benchmark gate, the sanitizer and
+shared-memory poison gates' not_run path, reviews, rollout steps and the stage table, over real Ray sweeps."""
 
 from __future__ import annotations
 
@@ -77,10 +77,10 @@ def test_hidden_results_are_stored_under_their_own_sweep_with_the_hidden_split(p
 
 
 @pytest.mark.slow
-def test_honest_candidate_passes_hidden_and_rebench_and_the_sanitizers_are_not_run_on_cpu(promoted) -> None:
+def test_honest_candidate_passes_hidden_and_rebench_and_the_gpu_gates_are_not_run_on_cpu(promoted) -> None:
     rows = gates(promoted["store"], "steady")
     assert rows[Gate.HIDDEN].outcome is Outcome.PASSED and rows[Gate.REBENCH].outcome is Outcome.PASSED
-    for g in (Gate.MEMCHECK, Gate.RACECHECK, Gate.INITCHECK, Gate.SYNCCHECK):
+    for g in (Gate.MEMCHECK, Gate.RACECHECK, Gate.INITCHECK, Gate.SYNCCHECK, Gate.SMEM_POISON):
         assert rows[g].outcome is Outcome.NOT_RUN and not rows[g].passed and rows[g].reason.startswith("not_run: ")
     last = history(promoted["store"], "steady")[-1]
     assert (last.gate, last.stage) == (Gate.AUTOMATED, Stage.CANDIDATE)  # never validated with a gate not run
@@ -106,9 +106,9 @@ def test_rejected_artifact_cannot_be_approved(promoted, capsys) -> None:
 def test_review_must_waive_gates_that_did_not_run_then_rollout_moves_forward_only(promoted, capsys) -> None:
     name = f"{DEFINITION}_steady"
     assert main([*promoted["args"], "--approve", name]) == 2
-    assert "did not run (initcheck, memcheck, racecheck, synccheck)" in capsys.readouterr().err
-    assert main([*promoted["args"], "--approve", name, "--waive", "memcheck,racecheck,initcheck,synccheck",
-                 "--note", "CPU-only path; sanitizers waived"]) == 0
+    assert "did not run (initcheck, memcheck, racecheck, smem_poison, synccheck)" in capsys.readouterr().err
+    assert main([*promoted["args"], "--approve", name, "--waive", "memcheck,racecheck,initcheck,synccheck,smem_poison",
+                 "--note", "CPU-only path; sanitizers and smem_poison waived"]) == 0
     review = history(promoted["store"], "steady")[-1]
     assert (review.gate, review.stage, review.actor) == (Gate.REVIEW, Stage.SHADOW, "tests")
     assert main([*promoted["args"], "--stage", name, "default"]) == 0

@@ -1,9 +1,9 @@
 """Promotion: from a PASSED sweep result to a served kernel, gate by gate, recorded per artifact.
 
-`python -m fibray.promote` runs the gates (hidden workloads, compute-sanitizer, fresh-process
-re-benchmark), records reviews and rollout steps, and reports stages; the records live in
-the store's promotions table (fibray.store.promotions). This package exports only the light
-identity helpers; the gates (which start sweeps) are in fibray.promote.gates.
+`python -m fibray.promote` runs the gates (hidden workloads, compute-sanitizer, shared-memory
+poison, fresh-process re-benchmark), records reviews and rollout steps, and reports stages; the
+records live in the store's promotions table (fibray.store.promotions). This package exports only
+the light identity helpers; the gates (which start sweeps) are in fibray.promote.gates.
 """
 
 from fibray.promote.artifact import (

@@ -99,8 +99,8 @@ def set_stage(plog: PromotionLog, solution: str, stage: Stage, *, note: str, act
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m fibray.promote", description=(
-        "Promotion: gate a sweep's PASSED candidates (hidden workloads, compute-sanitizer, fresh-process "
-        "re-benchmark), record reviews and rollout steps, show the stage table."))
+        "Promotion: gate a sweep's PASSED candidates (hidden workloads, compute-sanitizer, shared-memory "
+        "poison, fresh-process re-benchmark), record reviews and rollout steps, show the stage table."))
     p.add_argument("--store", required=True, help="trace store root (promotions in <store>/_promotions)")
     p.add_argument("--dataset", help="dataset root (needed to run gates)")
     p.add_argument("--sweep", help="run the automated gates for the PASSED candidates of this sweep")
@@ -114,10 +114,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--max-workloads", type=int, help="at most N workloads per definition in the gates")
     p.add_argument("--ci-k", type=float, default=3.0, help="re-benchmark: standard errors of the median allowed")
     p.add_argument("--ci-floor", type=float, default=0.10, help="re-benchmark: the interval is at least +-this x median")
-    p.add_argument("--sanitizer-deadline-s", type=float, default=600.0, help="deadline of one sanitizer run")
-    p.add_argument("--sanitizer-parallel", type=int, default=2, help="sanitizer runs at once")
+    p.add_argument("--sanitizer-deadline-s", type=float, default=600.0,
+                   help="deadline of one sanitizer or smem_poison run")
+    p.add_argument("--sanitizer-parallel", type=int, default=2, help="sanitizer and smem_poison runs at once")
     p.add_argument("--no-drop-privileges", action="store_true",
-                   help="run sanitizer runs with fibray's own privileges (default: uids of their own, as root)")
+                   help="run sanitizer and smem_poison runs with fibray's own privileges (default: uids of their "
+                        "own, as root)")
     p.add_argument("--revalidate", action="store_true", help="also gate validated or serving artifacts")
     p.add_argument("--tag", default="", help="gate sweeps are <sweep>.hidden.TAG, <sweep>.rebench.TAG (a new tag "
                                              "measures again; the same name reuses its rows)")

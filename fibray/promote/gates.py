@@ -1,4 +1,4 @@
-"""The automated gates of `python -m fibray.promote`: hidden workloads, sanitizers, re-benchmark.
+"""The automated gates of `python -m fibray.promote`: hidden, sanitizers, shared-memory poison, re-benchmark.
 
 For the PASSED candidates of a sweep (every public workload PASSED), each gate writes one
 promotions row per artifact as soon as it has a verdict; a failed gate rejects the artifact
@@ -27,6 +27,7 @@ from fibray.dataset import Dataset, load_dataset
 from fibray.promote.artifact import Artifact, artifact_of
 from fibray.promote.sanitize_runner import SanitizeJob
 from fibray.promote.sanitizer import DEADLINE_S, GateResult, sanitizer_gates, unavailable
+from fibray.promote.smem_poison import smem_poison_gate
 from fibray.schema import EvalSettings, Solution
 from fibray.store import TraceStore
 from fibray.workers.process.sandbox import SandboxPolicy
@@ -72,11 +73,12 @@ class PromoteOptions(BaseModel):
     ci_floor: float = Field(default=0.10, ge=0)
     """Re-benchmark: the interval is at least +- this fraction of the sweep's median."""
     sanitizer_deadline_s: float = Field(default=DEADLINE_S, gt=0)
-    """Deadline of one (tool, workload) sanitizer run."""
+    """Deadline of one (tool, workload) sanitizer run, and of one workload's smem_poison run."""
     sanitizer_parallel: int = Field(default=2, ge=1)
-    """Sanitizer runs at once."""
+    """Sanitizer (and smem_poison) runs at once."""
     drop_privileges: bool = True
-    """Sanitizer runs as uids of their own (fibray as root); False runs them with fibray's own privileges."""
+    """Sanitizer and smem_poison runs as uids of their own (fibray as root); False runs them with fibray's
+    own privileges."""
     revalidate: bool = False
     """Also gate artifacts that are validated or serving (takes them back to candidate)."""
     tag: str = Field(default="", pattern=r"^[A-Za-z0-9_.-]{0,32}$")
@@ -266,7 +268,7 @@ def rebench_gate(opts: PromoteOptions, cands: Sequence[GateCandidate]) -> dict[s
 
 
 def sanitizer_jobs(opts: PromoteOptions, ds: Dataset, c: GateCandidate, seed: int) -> list[SanitizeJob]:
-    """One sanitizer job per workload (public and hidden) of the candidate's definition."""
+    """One sanitizer (and smem_poison) job per workload (public and hidden) of the candidate's definition."""
     d = ds.definitions[c.solution.definition]
     workloads = ds.workloads.get(d.name, [])[: opts.max_workloads]
     return [SanitizeJob(definition=d, workload=w, solution=c.solution, dataset_root=str(Path(opts.dataset).resolve()),
@@ -327,16 +329,21 @@ def run_gates(opts: PromoteOptions, echo: Callable[[str], None] = print) -> list
     live = lambda: [c for c in cands if not c.failed]  # noqa: E731 - a failed gate stops the rest for that artifact
     if Gate.HIDDEN in opts.gates:
         publish(hidden_gate(opts, ds, live()))
-    if any(g in opts.gates for g in SANITIZER_GATES):
-        exe, why_not = unavailable()
+    sanitizers = [g for g in SANITIZER_GATES if g in opts.gates]
+    if sanitizers or Gate.SMEM_POISON in opts.gates:
+        exe, why_not = unavailable() if sanitizers else (None, None)
         seed = settings_of(cands).seed
+        policy = SandboxPolicy(drop_privileges=opts.drop_privileges)
         for c in live():
-            res = sanitizer_gates(sanitizer_jobs(opts, ds, c, seed), deadline_s=opts.sanitizer_deadline_s,
-                                  parallel=opts.sanitizer_parallel, executable=exe, why_not=why_not,
-                                  policy=SandboxPolicy(drop_privileges=opts.drop_privileges))
-            for gate in SANITIZER_GATES:
-                if gate in opts.gates:
+            jobs = sanitizer_jobs(opts, ds, c, seed)
+            if sanitizers:
+                res = sanitizer_gates(jobs, deadline_s=opts.sanitizer_deadline_s, parallel=opts.sanitizer_parallel,
+                                      executable=exe, why_not=why_not, policy=policy)
+                for gate in sanitizers:
                     publish({c.solution.hash: res[gate]})
+            if Gate.SMEM_POISON in opts.gates and not c.failed:
+                publish({c.solution.hash: smem_poison_gate(jobs, deadline_s=opts.sanitizer_deadline_s,
+                                                           parallel=opts.sanitizer_parallel, policy=policy)})
     if Gate.REBENCH in opts.gates:
         publish(rebench_gate(opts, live()))
     rows = []

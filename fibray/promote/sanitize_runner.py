@@ -4,11 +4,13 @@ This is the process compute-sanitizer watches (fibray.promote.sanitizer starts i
 under `compute-sanitizer --tool X --error-exitcode N`). Inputs are made on the CPU and copied
 to the GPU, so the kernels the sanitizer sees are the candidate's own. It judges nothing:
 exit 0 after the candidate's work has synchronised, RUNNER_FAILED with a message otherwise.
+`python -m fibray.promote.smem_poison JOB.json` is the same process for that gate (main here, its run).
 """
 
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
@@ -17,6 +19,12 @@ from fibray.schema import Definition, Solution, Workload
 
 RUNNER_FAILED = 3
 """Exit status when the candidate (or its build) raised; the sanitizer's own status is another."""
+RUNNER_UNAVAILABLE = 4
+"""Exit status when the runner cannot do its work on this machine (RunnerUnavailable): not the candidate's doing."""
+
+
+class RunnerUnavailable(RuntimeError):
+    """The runner cannot do its work here (a gate's instrument, not the candidate, is missing or failed)."""
 
 
 class SanitizeJob(BaseModel):
@@ -60,19 +68,20 @@ def run(job: SanitizeJob, workdir: Path) -> None:
         torch.cuda.synchronize(device)
 
 
-def main(argv: list[str]) -> int:
+def main(argv: list[str], run_job: Callable[[SanitizeJob, Path], None] = run,
+         prog: str = "fibray.promote.sanitize_runner") -> int:
+    """`python -m <prog> JOB.json`: run_job(job, JOB.json's folder), its outcome as the exit status."""
     if len(argv) != 1:
-        print("usage: python -m fibray.promote.sanitize_runner JOB.json", file=sys.stderr)
+        print(f"usage: python -m {prog} JOB.json", file=sys.stderr)
         return 2
     path = Path(argv[0])
     job = SanitizeJob.model_validate_json(path.read_text(encoding="utf-8"))
     try:
-        run(job, path.parent)
+        run_job(job, path.parent)
     except Exception as e:  # noqa: BLE001 - the candidate's failure is the answer, reported by exit status
-        print(f"fibray.promote.sanitize_runner: {job.solution.name} on {job.workload.uuid}: "
-              f"{type(e).__name__}: {e}", file=sys.stderr)
-        return RUNNER_FAILED
-    print(f"fibray.promote.sanitize_runner: {job.solution.name} on {job.workload.uuid}: ran")
+        print(f"{prog}: {job.solution.name} on {job.workload.uuid}: {type(e).__name__}: {e}", file=sys.stderr)
+        return RUNNER_UNAVAILABLE if isinstance(e, RunnerUnavailable) else RUNNER_FAILED
+    print(f"{prog}: {job.solution.name} on {job.workload.uuid}: ran")
     return 0
 
 

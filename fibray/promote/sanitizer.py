@@ -6,6 +6,8 @@ cannot be put in force), then `compute-sanitizer --tool X
 --error-exitcode 86`, then fibray.promote.sanitize_runner, with its own deadline and its
 process group killed when it passes. Where there is no GPU, no compute-sanitizer, or one that
 refuses this device (a probe that must run clean), every tool is `not_run`, never passed.
+initcheck sees global memory only: a read of shared memory no thread wrote is the
+fibray.promote.smem_poison gate's, which starts its runs through run_many here, bare.
 """
 
 from __future__ import annotations
@@ -16,9 +18,11 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from fibray.promote.sanitize_runner import RUNNER_FAILED, SanitizeJob
 from fibray.store.promotions import SANITIZER_GATES, Gate, Outcome
@@ -34,6 +38,8 @@ PROBE_DEADLINE_S = 300.0
 """Deadline of the probe that proves the sanitizer works on this device."""
 TAIL_CHARS = 6000
 """Output kept per run in the evidence."""
+RUNNER = "fibray.promote.sanitize_runner"
+"""The module run_tool starts (`python -m RUNNER JOB.json`) unless told another."""
 _PROBE = "import torch; x = torch.ones(8, device='cuda'); torch.cuda.synchronize(); print('probe', float(x.sum()))"
 
 
@@ -50,6 +56,8 @@ class ToolRun:
     """Errors the tool's summary line counted."""
     wall_s: float
     tail: str = field(repr=False, default="")
+    found: Any = None
+    """What run_tool's `inspect` made of the run's work dir before it was removed (None without one)."""
 
 
 @dataclass
@@ -164,18 +172,51 @@ def _run(argv: list[str], *, tool: str, workload: str, deadline_s: float, workdi
 
 
 def run_tool(prefix: list[str], tool: str, job: SanitizeJob, deadline_s: float, base: Path | None = None,
-             build_cache: str | None = None, policy: SandboxPolicy | None = None) -> ToolRun:
+             build_cache: str | None = None, policy: SandboxPolicy | None = None, *,
+             module: str = RUNNER, inspect: Callable[[Path], Any] | None = None) -> ToolRun:
     """One candidate on one workload under `prefix` (the sanitizer command; [] runs it bare), in the
-    executor sandbox of `policy` (default: the sweep's, an unprivileged uid of its own when root)."""
+    executor sandbox of `policy` (default: the sweep's, an unprivileged uid of its own when root).
+    `module` is the runner (`python -m module JOB.json`); `inspect` reads the work dir once the run
+    and every process of its uid are gone, into ToolRun.found."""
     policy = policy or SandboxPolicy()
     workdir = Path(tempfile.mkdtemp(prefix=f"fibray-{tool}-", dir=base))  # 0700, then the leased uid's
     (workdir / "job.json").write_text(job.model_dump_json(), encoding="utf-8")
-    argv = [*prefix, sys.executable, "-m", "fibray.promote.sanitize_runner", str(workdir / "job.json")]
+    argv = [*prefix, sys.executable, "-m", module, str(workdir / "job.json")]
     try:
-        return _run(argv, tool=tool, workload=job.workload.uuid, deadline_s=deadline_s, workdir=workdir,
-                    policy=policy, build_cache=build_cache)
+        run = _run(argv, tool=tool, workload=job.workload.uuid, deadline_s=deadline_s, workdir=workdir,
+                   policy=policy, build_cache=build_cache)
+        if inspect is not None:
+            run.found = inspect(workdir)
+        return run
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+def sandbox_problem(policy: SandboxPolicy) -> str | None:
+    """Why the runs cannot be sandboxed as `policy` asks here (the gates are then not_run), else None."""
+    from fibray.workers.process.sandbox import privilege_problem
+
+    problem = privilege_problem(policy, tempfile.gettempdir())
+    return None if problem is None else f"the sandbox cannot be put in force: {problem}"
+
+
+def run_many(work: Sequence[tuple[list[str], str, SanitizeJob]], *, deadline_s: float, parallel: int,
+             policy: SandboxPolicy, module: str = RUNNER,
+             inspect: Callable[[Path], Any] | None = None) -> list[ToolRun]:
+    """run_tool for each (prefix, tool, job), `parallel` at a time, in order; the candidates compiled
+    once, here, into a cache the runs only read (an executor never writes a shared cache)."""
+    from fibray.compile.cache import compile_ahead
+
+    cache = tempfile.mkdtemp(prefix="fibray-gate-builds-")
+    os.chmod(cache, 0o755)
+    try:
+        for solution in {job.solution.hash: job.solution for _, _, job in work}.values():
+            compile_ahead(solution, cache, deadline_s)
+        with ThreadPoolExecutor(max_workers=max(1, parallel)) as pool:
+            return list(pool.map(lambda w: run_tool(w[0], w[1], w[2], deadline_s, build_cache=cache, policy=policy,
+                                                    module=module, inspect=inspect), work))
+    finally:
+        shutil.rmtree(cache, ignore_errors=True)
 
 
 def sanitizer_command(exe: str, tool: str) -> list[str]:
@@ -188,30 +229,17 @@ def sanitizer_gates(jobs: list[SanitizeJob], *, deadline_s: float = DEADLINE_S, 
                     executable: str | None = None, why_not: str | None = None,
                     policy: SandboxPolicy | None = None) -> dict[Gate, GateResult]:
     """The four sanitizer gates of one candidate over its workloads (jobs: one per workload)."""
-    from fibray.compile.cache import compile_ahead
-    from fibray.workers.process.sandbox import privilege_problem
-
     policy = policy or SandboxPolicy()
     if executable is None and why_not is None:
         executable, why_not = unavailable()
-    if executable is not None and (problem := privilege_problem(policy, tempfile.gettempdir())) is not None:
-        executable, why_not = None, f"the sandbox cannot be put in force: {problem}"  # fails closed
+    if executable is not None and (problem := sandbox_problem(policy)) is not None:
+        executable, why_not = None, problem  # fails closed
     if executable is None:
         return {g: GateResult(g, Outcome.NOT_RUN, f"not_run: {why_not}", {"reason": why_not}) for g in SANITIZER_GATES}
     if not jobs:
         return {g: GateResult(g, Outcome.NOT_RUN, "not_run: no workloads to run it on") for g in SANITIZER_GATES}
-    work = [(g, job) for g in SANITIZER_GATES for job in jobs]
-    # compiled here, by fibray, once; the runs only read it (an executor never writes a shared cache)
-    cache = tempfile.mkdtemp(prefix="fibray-sanitizer-builds-")
-    os.chmod(cache, 0o755)
-    try:
-        for solution in {j.solution.hash: j.solution for j in jobs}.values():
-            compile_ahead(solution, cache, deadline_s)
-        with ThreadPoolExecutor(max_workers=max(1, parallel)) as pool:
-            runs = list(pool.map(lambda gj: run_tool(sanitizer_command(executable, gj[0].value), gj[0].value, gj[1],
-                                                      deadline_s, build_cache=cache, policy=policy), work))
-    finally:
-        shutil.rmtree(cache, ignore_errors=True)
+    runs = run_many([(sanitizer_command(executable, g.value), g.value, job) for g in SANITIZER_GATES for job in jobs],
+                    deadline_s=deadline_s, parallel=parallel, policy=policy)
     results: dict[Gate, GateResult] = {}
     for gate in SANITIZER_GATES:
         mine = [r for r in runs if r.tool == gate.value]

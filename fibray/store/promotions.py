@@ -65,6 +65,9 @@ class Gate(StrEnum):
     """compute-sanitizer initcheck clean on every workload."""
     SYNCCHECK = "synccheck"
     """compute-sanitizer synccheck clean on every workload."""
+    SMEM_POISON = "smem_poison"
+    """Outputs bit-identical whichever pattern fills shared memory before each call, on every workload
+    (a read of shared memory the kernel did not write changes them; fibray.promote.smem_poison)."""
     REBENCH = "rebench"
     """Fresh-process re-benchmark median within the sweep's confidence interval on every workload."""
     AUTOMATED = "automated"
@@ -89,7 +92,9 @@ class Outcome(StrEnum):
 
 
 SANITIZER_GATES = (Gate.MEMCHECK, Gate.RACECHECK, Gate.INITCHECK, Gate.SYNCCHECK)
-AUTOMATED_GATES = (Gate.HIDDEN, *SANITIZER_GATES, Gate.REBENCH)
+"""The compute-sanitizer tools, one gate each."""
+AUTOMATED_GATES = (Gate.HIDDEN, *SANITIZER_GATES, Gate.SMEM_POISON, Gate.REBENCH)
+"""The gates `python -m fibray.promote` runs, in order; an artifact is validated only when all passed."""
 
 SCHEMA = pa.schema([
     ("artifact_id", pa.string()),        # artifact_id(solution_hash, recipe_hash, environment_key)
