@@ -1,10 +1,12 @@
 """Run the fault-injection suite as one sweep and print every verdict against its expectation.
 
-    python benchmarks/fault_suite.py [--store DIR] [--workloads 3] [--lanes 1]
+    python benchmarks/fault_suite.py [--store DIR] [--workloads 3] [--lanes 1] [--only NAME,...]
 
 On a GPU machine the GPU-only offenders (tests/candidates_gpu) join the sweep. Prints the
 wall time, slot counters (standby promotions, escalations, strays killed) and whether the
-honest controls matched a sweep of the controls alone. Exit status 1 on any mismatch.
+honest controls matched a sweep of the controls alone. Exit status 1 on any mismatch. An expectation
+is [status, reason] or [status, reason, timing-mode variant]: the latter also wants the row's
+timing_mode to end with "+variant" (a lie on a GPU slot kept at the supervisor's clock: host_bound).
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ def main() -> int:
     ap.add_argument("--store", default=None)
     ap.add_argument("--workloads", type=int, default=3)
     ap.add_argument("--lanes", type=int, default=1, help="runner.lanes: offenders and controls share the GPU")
+    ap.add_argument("--only", default=None, help="comma-separated candidates (the controls always run)")
     args = ap.parse_args()
     base = Path(args.store or tempfile.mkdtemp(prefix="fibray-faults-"))
     gpu = torch.cuda.is_available()
@@ -48,7 +51,8 @@ def main() -> int:
                   eval__warmup=3, eval__iterations=10, eval__trials=2, runner__quarantine_after=2,
                   runner__lanes=args.lanes)
     t0 = time.monotonic()
-    report = run_sweep(smoke_config(base / "all", solutions__roots=roots, **common))
+    only = dict(solutions__names=sorted({*args.only.split(","), *CONTROLS})) if args.only else {}
+    report = run_sweep(smoke_config(base / "all", solutions__roots=roots, **only, **common))
     wall = time.monotonic() - t0
     # the same secret input salt, so that the controls alone see the same inputs
     TraceStore(base / "controls").sweep_salt("faults", adopt=TraceStore(base / "all").sweep_salt("faults"))
@@ -61,8 +65,10 @@ def main() -> int:
     for r in rows:
         name = r["solution"]
         want = tuple(expected[name]) if name in expected else designed_verdict(name, "rmsnorm_h4096")
+        want, variant = want[:2], (want[2:] or [None])[0]
         got = (r["status"], r["reason"])
         ok = got == want or (r["reason"] == "quarantined" and want[1] in FAULT_REASONS and r["status"] == want[0])
+        ok = ok and (variant is None or str(r["timing_mode"]).endswith("+" + variant))
         bad += not ok
         lat = f"{r['latency_ms']:.4f}" if r["latency_ms"] else "-"
         print(f"{name:42s} {r['axes']:22s} {r['status']:20s} {str(r['reason']):22s} {r['isolation']:10s} "

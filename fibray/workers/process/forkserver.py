@@ -212,6 +212,24 @@ def _driver_initialised() -> bool:
     return lib.cuDeviceGetCount(ctypes.byref(count)) != 3
 
 
+def _release_nvml() -> int:
+    """Shut NVML down as often as it was initialised; returns how often. torch's NVML-based
+    availability check (PYTORCH_NVML_BASED_CUDA_CHECK, which keeps CUDA uninitialised here) leaves
+    NVML initialised, holding descriptors that every child closes: a child's own nvmlInit then
+    failed (seen on the H200: the caching allocator's INTERNAL ASSERT on nvmlInit_v2 instead of an
+    out-of-memory error). Shut down here, each child initialises NVML afresh when it needs it."""
+    import ctypes
+
+    try:
+        lib = ctypes.CDLL("libnvidia-ml.so.1")
+    except OSError:
+        return 0
+    n = 0
+    while n < 256 and lib.nvmlShutdown() == 0:  # NVML_SUCCESS while its count was above zero
+        n += 1
+    return n
+
+
 def _warm(device: str) -> None:
     """Everything an executor would import before its first job; on a GPU also Triton's driver
     helpers (a host-compiled module: loaded here, inherited by every child). No CUDA context."""
@@ -237,6 +255,7 @@ def _warm(device: str) -> None:
             print(f"fibray fork server: Triton's driver helpers not warmed ({type(e).__name__}: {e})", flush=True)
         if torch.cuda.is_initialized() or _driver_initialised():
             raise RuntimeError("the warm-up initialised CUDA: a fork of this process could not use the GPU")
+        _release_nvml()
     import gc
 
     gc.collect()
