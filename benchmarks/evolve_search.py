@@ -44,6 +44,10 @@ CPU_GROUPS = [(REPO / "datasets" / "core", REPO / "solutions", ["rmsnorm_h4096",
 """The interpreter pays per program and loop step: the untuned GEMM on datasets/llm's N=K=2048 takes
 minutes per call there, so the CPU run uses the bundled N=128 GEMM."""
 GOAL_ROUNDS, GOAL_GAP = 40, 0.10
+GPU_RUN_DEADLINE_S = 30.0
+"""eval.run_deadline_s of the loops and sweeps on a GPU (unless overridden): a search candidate whose
+compilation and calls take longer is no candidate, and a round waits for its slowest job (120 s by
+default, twice with the isolated re-run of a timeout)."""
 RAY_START_TRIES = 3
 """A local Ray that times out starting (a loaded machine) is tried again; the loop resumes its run."""
 ECHOED = re.compile(r"\[[^\]\s]+\] round \d+/\d+: |fibray\.evolve: error: ")
@@ -152,6 +156,8 @@ def main() -> int:
     timing = dict(zip(("warmup", "iterations", "trials"), (0, 2, 1) if cpu else (10, 50, 3)))
     timing.update({k: v for k, v in (("warmup", a.warmup), ("iterations", a.iterations), ("trials", a.trials)) if v is not None})
     evals = [f"eval.{k}={v}" for k, v in timing.items()]
+    if not cpu and not any(o.startswith("eval.run_deadline_s=") for o in a.overrides):
+        evals.append(f"eval.run_deadline_s={GPU_RUN_DEADLINE_S:g}")
     stamp = a.stamp or time.strftime("%Y%m%dT%H%M%S")
     print(f"{time.strftime('%Y-%m-%d %H:%M:%S')} stamp {stamp}, {'CPU (interpreted Triton)' if cpu else f'{gpus} GPU(s)'}: "
           f"{rounds} rounds x {cands} candidates on {[d for _, _, defs in groups for d in defs]} ({wset})", flush=True)

@@ -88,6 +88,34 @@ def test_a_declared_knob_that_nothing_holds_is_a_template_error() -> None:
         _template(KNOBBY.replace("CHUNK=[32, 64]", "CHUNK=[32, 64] WIDTH=[1, 2]"))
 
 
+def test_search_proposes_no_configuration_that_breaks_a_template_constraint(tmp_path: Path) -> None:
+    text = KNOBBY.replace("CHUNK = 32  # fibray-tune: CHUNK=[32, 64]",
+                          "CHUNK = 32  # fibray-tune: CHUNK=[32, 64]\n# fibray-tune-if: ROWS * CHUNK <= 64 * num_warps // 4")
+    t = _template(text)
+    assert [c.text for c in t.constraints] == ["ROWS * CHUNK <= 64 * num_warps // 4"]
+    assert t.allows({"ROWS": 2, "CHUNK": 32}) and not t.allows({"ROWS": 4, "CHUNK": 64, "num_warps": 4})
+    path = tmp_path / "k.py"
+    path.write_text(text)
+    gen = SearchGenerator({"*": str(path)}, seed=3)
+    feedback, proposed = [], []
+    for rnd in range(1, 6):
+        out = gen.generate({"definition": {"name": DEF}, "round": rnd, "candidates": 6, "feedback": feedback})
+        configs = [json.loads(it["description"].split(": ", 1)[1]) for it in out.items]
+        proposed += configs[1:] if rnd == 1 else configs  # round 1 starts from the template as written
+        feedback.append({"round": rnd, "candidates": [{"solution": it["name"], "description": it["description"],
+                                                       "speedup": 1.0} for it in out.items]})
+    assert len(proposed) > 10 and all(c["ROWS"] * c["CHUNK"] <= 64 * c["num_warps"] // 4 for c in proposed)
+    assert any(c["ROWS"] * c["CHUNK"] > 64 for c in proposed)  # allowed with num_warps >= 8: not all refused
+
+
+@pytest.mark.parametrize("line, error", [("ROWS * WIDTH < 4", "names \\['WIDTH'\\]"),
+                                         ("__import__('os').system('x')", "only knob names"),
+                                         ("ROWS <", "fibray-tune-if")])
+def test_a_constraint_that_is_not_arithmetic_over_knobs_is_a_template_error(line: str, error: str) -> None:
+    with pytest.raises(ValueError, match=error):
+        _template(KNOBBY + f"# fibray-tune-if: {line}\n")
+
+
 def test_search_proposes_unseen_configurations_and_mutates_the_best() -> None:
     gen = SearchGenerator({"rmsnorm_*": str(TEMPLATE)}, seed=1, explore=0.0)
     definition = load_dataset(CORE).definitions[DEF].to_json_dict()

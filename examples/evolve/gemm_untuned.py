@@ -13,6 +13,9 @@ BLOCK_K = 16  # fibray-tune: BLOCK_K=[16, 32, 64, 128]
 GROUP_M = 1  # fibray-tune: GROUP_M=[1, 4, 8, 16]
 NUM_WARPS = 1  # fibray-tune: NUM_WARPS=[1, 2, 4, 8]
 NUM_STAGES = 1  # fibray-tune: NUM_STAGES=[1, 2, 3, 4, 5]
+# at most 128 fp32 accumulators per thread, and the operand tiles of every stage within 192 KiB of shared memory
+# fibray-tune-if: BLOCK_M * BLOCK_N <= 128 * 32 * NUM_WARPS
+# fibray-tune-if: (BLOCK_M + BLOCK_N) * BLOCK_K * 2 * NUM_STAGES <= 196608
 
 
 @triton.jit

@@ -12,6 +12,8 @@ LOG2E = 1.4426950408889634
 BLOCK_N = 16  # fibray-tune: BLOCK_N=[16, 32, 64, 128, 256]
 NUM_WARPS = 1  # fibray-tune: NUM_WARPS=[1, 2, 4, 8]
 NUM_STAGES = 1  # fibray-tune: NUM_STAGES=[1, 2, 3, 4]
+# at most 128 elements of a 128-wide K (or V) tile per thread
+# fibray-tune-if: BLOCK_N <= 32 * NUM_WARPS
 
 
 @triton.jit

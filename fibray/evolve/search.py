@@ -3,7 +3,9 @@ and keeps the best.
 
 Knobs are what the template declares (`# fibray-tune: BLOCK=[64, 128, 256]` comments, a module-level
 `TUNE = {"BLOCK": [...]}` dict) and, found by themselves, integer `num_warps=` / `num_stages=` /
-`BLOCK*=` keyword arguments. A knob is set where its value is written: a module-level `NAME = <literal>`
+`BLOCK*=` keyword arguments. `# fibray-tune-if: BLOCK_M * BLOCK_N <= 4096 * NUM_WARPS` comments are
+constraints: the search proposes no configuration that breaks one (a tile far too large for its warps
+spills, and its compilation alone can outlast the run deadline). A knob is set where its value is written: a module-level `NAME = <literal>`
 or a `NAME=<literal>` keyword argument. The search is stateless: it reads what it tried, and how that
 did, from the task's feedback (each candidate's description records its configuration), so a resumed
 loop continues where it was.
@@ -44,6 +46,40 @@ class Knob:
     default: Any
     sites: list[tuple[str, int, int, int]] = field(default_factory=list)
     """(source path, line, start column, end column) of each literal that holds the knob's value."""
+
+
+_CONSTRAINT_NODES = (ast.Expression, ast.BoolOp, ast.And, ast.Or, ast.BinOp, ast.Add, ast.Sub, ast.Mult, ast.Div,
+                     ast.FloorDiv, ast.Mod, ast.Pow, ast.UnaryOp, ast.USub, ast.Not, ast.Compare, ast.Eq, ast.NotEq,
+                     ast.Lt, ast.LtE, ast.Gt, ast.GtE, ast.Name, ast.Load, ast.Constant)
+
+
+@dataclass
+class Constraint:
+    """A `# fibray-tune-if: EXPR` comment: arithmetic and comparisons over knob names and numbers."""
+
+    text: str
+    code: Any
+
+    def holds(self, config: dict[str, Any]) -> bool:
+        return bool(eval(self.code, {"__builtins__": {}}, dict(config)))  # noqa: S307  (checked: _constraints)
+
+
+def _constraints(text: str, where: str) -> list[Constraint]:
+    out = []
+    for tok in tokenize.generate_tokens(io.StringIO(text).readline):
+        if tok.type == tokenize.COMMENT and "fibray-tune-if:" in tok.string:
+            expr = tok.string.split("fibray-tune-if:", 1)[1].strip()
+            try:
+                tree = ast.parse(expr, mode="eval")
+            except SyntaxError as e:
+                raise ValueError(f"{where} line {tok.start[0]}: fibray-tune-if: {expr!r}: {e.msg}") from None
+            bad = [type(n).__name__ for n in ast.walk(tree) if not isinstance(n, _CONSTRAINT_NODES)
+                   or (isinstance(n, ast.Constant) and not isinstance(n.value, (int, float)))]
+            if bad:
+                raise ValueError(f"{where} line {tok.start[0]}: fibray-tune-if: {expr!r}: only knob names, numbers, "
+                                 f"arithmetic and comparisons are allowed (found {', '.join(sorted(set(bad)))})")
+            out.append(Constraint(expr, compile(tree, where, "eval")))
+    return out
 
 
 def _comment_knobs(text: str) -> dict[str, list[Any]]:
@@ -123,6 +159,18 @@ class TuningTemplate:
             self.knobs[name] = Knob(name, values if default in values else sorted({*values, default}), default, sites[name])
         if not self.knobs:
             raise ValueError(f"template {solution.name!r}: no tuning knobs (declare them with `# fibray-tune: NAME=[...]`)")
+        self.constraints = [c for src in solution.sources if src.path.endswith(".py")
+                            for c in _constraints(src.content, f"template {solution.name!r}: {src.path}")]
+        for c in self.constraints:
+            unknown = sorted({n.id for n in ast.walk(ast.parse(c.text, mode="eval")) if isinstance(n, ast.Name)} - set(self.knobs))
+            if unknown:
+                raise ValueError(f"template {solution.name!r}: fibray-tune-if: {c.text!r} names {unknown}, which are not "
+                                 f"knobs ({sorted(self.knobs)})")
+
+    def allows(self, config: dict[str, Any]) -> bool:
+        """Whether a configuration (knobs left out take their defaults) keeps every constraint."""
+        full = {**self.default, **config}
+        return all(c.holds(full) for c in self.constraints)
 
     @property
     def default(self) -> dict[str, Any]:
@@ -222,13 +270,13 @@ class SearchGenerator:
         rng = random.Random(f"{self.seed}:{definition}:{task['round']}")
         proposals: list[tuple[dict[str, Any], str]] = []
 
-        def propose(config: dict[str, Any], parent: str) -> None:
-            if _key(config) not in seen:
+        def propose(config: dict[str, Any], parent: str, *, checked: bool = True) -> None:
+            if _key(config) not in seen and (not checked or tmpl.allows(config)):
                 seen.add(_key(config))
                 proposals.append((config, parent))
 
         if not history:
-            propose(tmpl.default, tmpl.solution.name)
+            propose(tmpl.default, tmpl.solution.name, checked=False)  # the template as written, whatever it says
         tries = 0
         while len(proposals) < task["candidates"] and tries < 200 * task["candidates"]:
             tries += 1
