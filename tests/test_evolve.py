@@ -4,6 +4,8 @@ and the public/hidden split (hidden workloads never reach a generator, and score
 from __future__ import annotations
 
 import json
+import logging
+import re
 import sys
 import time
 from pathlib import Path
@@ -227,9 +229,17 @@ def _rows(store: Path, run_id: str):
 
 
 @pytest.mark.slow
-def test_three_round_search_loop_records_round_parent_generator_and_run_id(store: Path, backend) -> None:
+def test_three_round_search_loop_records_round_parent_generator_and_run_id(store: Path, backend, monkeypatch,
+                                                                          caplog) -> None:
+    import fibray.evolve.backend
+
+    monkeypatch.setattr(fibray.evolve.backend, "HEARTBEAT_S", 0.5)  # a batch this slow says how far it is
     cfg = _cfg(store, "search3", generator={"kind": "search", "templates": {"rmsnorm_*": str(TEMPLATE)}})
-    report = run_evolve(cfg, backend=backend)
+    with caplog.at_level(logging.INFO, logger="fibray.evolve.backend"):
+        report = run_evolve(cfg, backend=backend)
+    said = [r.getMessage() for r in caplog.records if r.name == "fibray.evolve.backend"]
+    assert any(re.fullmatch(r"\d+/2 jobs of this batch done after \d+s", m) for m in said)
+    assert any(re.match(rf"\d/\d jobs: {DEF}_search_r00\d_\d on \w{{8}}: PASSED", m) for m in said)
     df = _rows(store, "search3")
     public = df.filter(df["split"] == "public")
     assert set(LOOP_COLUMNS) <= set(df.columns)

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Optional, Protocol, Sequence, Union
 
@@ -22,6 +24,8 @@ if TYPE_CHECKING:
 __all__ = ["EvalBackend", "PoolBackend"]
 
 log = logging.getLogger(__name__)
+HEARTBEAT_S = 30.0
+"""A batch running longer than this logs how far it is, and then each job that ends."""
 
 
 class EvalBackend(Protocol):
@@ -81,11 +85,28 @@ class PoolBackend:
             self._start()
         self._compile_ahead(jobs)
         results: dict[str, JobResult] = {}
+        t0 = time.monotonic()
 
         def on_result(job: Job, result: JobResult) -> None:
             results.setdefault(job.job_id, result)
+            if time.monotonic() - t0 > HEARTBEAT_S:  # a slow batch: say what ends, and how long it took
+                ev = result.evaluation
+                log.info("%d/%d jobs: %s on %s: %s %s, %s (%.0fs into the batch)", len(results), len(jobs),
+                         job.solution.name, job.workload.uuid[:8], ev.status.value, ev.reason or "", result.isolation,
+                         time.monotonic() - t0)
 
-        self._pool.run(list(jobs), on_result)
+        done = threading.Event()
+
+        def heartbeat() -> None:
+            while not done.wait(HEARTBEAT_S):
+                log.info("%d/%d jobs of this batch done after %.0fs", len(results), len(jobs), time.monotonic() - t0)
+
+        beat = threading.Thread(target=heartbeat, name="fibray-evolve-heartbeat", daemon=True)
+        beat.start()
+        try:
+            self._pool.run(list(jobs), on_result)
+        finally:
+            done.set()
         return results
 
     def close(self) -> None:
