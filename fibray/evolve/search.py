@@ -59,6 +59,8 @@ class Constraint:
 
     text: str
     code: Any
+    names: set[str]
+    """The knob names it reads."""
 
     def holds(self, config: dict[str, Any]) -> bool:
         return bool(eval(self.code, {"__builtins__": {}}, dict(config)))  # noqa: S307  (checked: _constraints)
@@ -78,7 +80,7 @@ def _constraints(text: str, where: str) -> list[Constraint]:
             if bad:
                 raise ValueError(f"{where} line {tok.start[0]}: fibray-tune-if: {expr!r}: only knob names, numbers, "
                                  f"arithmetic and comparisons are allowed (found {', '.join(sorted(set(bad)))})")
-            out.append(Constraint(expr, compile(tree, where, "eval")))
+            out.append(Constraint(expr, compile(tree, where, "eval"), {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}))
     return out
 
 
@@ -162,7 +164,7 @@ class TuningTemplate:
         self.constraints = [c for src in solution.sources if src.path.endswith(".py")
                             for c in _constraints(src.content, f"template {solution.name!r}: {src.path}")]
         for c in self.constraints:
-            unknown = sorted({n.id for n in ast.walk(ast.parse(c.text, mode="eval")) if isinstance(n, ast.Name)} - set(self.knobs))
+            unknown = sorted(c.names - set(self.knobs))
             if unknown:
                 raise ValueError(f"template {solution.name!r}: fibray-tune-if: {c.text!r} names {unknown}, which are not "
                                  f"knobs ({sorted(self.knobs)})")

@@ -46,19 +46,28 @@ class SanitizeJob(BaseModel):
     """Where the candidate runs (cpu only in tests of the runner itself)."""
 
 
+def prepare(job: SanitizeJob, workdir: Path):
+    """(device, the built and bound candidate, its inputs made on the CPU) for a runner's calls."""
+    import torch
+
+    from fibray.compile import BuildCache, bind, prepare_triton
+    from fibray.evaluate.inputs import materialize
+
+    if job.device == "cpu":
+        prepare_triton()
+    runnable = bind(BuildCache(workdir / "builds").get(job.solution), job.definition)  # c_abi marshalling
+    cpu_args = materialize(job.definition, job.workload, root=Path(job.dataset_root), seed=job.seed, trial=0,
+                           device=torch.device("cpu"))
+    return torch.device(job.device), runnable, cpu_args
+
+
 def run(job: SanitizeJob, workdir: Path) -> None:
     """Build the candidate, make its inputs, call it once, synchronise."""
     import torch
 
-    from fibray.compile import BuildCache, bind, prepare_triton
-    from fibray.evaluate.inputs import allocate_outputs, materialize
+    from fibray.evaluate.inputs import allocate_outputs
 
-    if job.device == "cpu":
-        prepare_triton()
-    device = torch.device(job.device)
-    runnable = bind(BuildCache(workdir / "builds").get(job.solution), job.definition)  # c_abi marshalling
-    cpu_args = materialize(job.definition, job.workload, root=Path(job.dataset_root), seed=job.seed, trial=0,
-                           device=torch.device("cpu"))
+    device, runnable, cpu_args = prepare(job, workdir)
     args = [a.to(device) if isinstance(a, torch.Tensor) else a for a in cpu_args]
     if runnable.destination_passing_style:
         runnable.fn(*args, *allocate_outputs(job.definition, job.workload.axes, device))

@@ -19,7 +19,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
-from fibray.promote.sanitize_runner import RUNNER_UNAVAILABLE, RunnerUnavailable, SanitizeJob, main
+from fibray.promote.sanitize_runner import RUNNER_UNAVAILABLE, RunnerUnavailable, SanitizeJob, main, prepare
 from fibray.promote.sanitizer import DEADLINE_S, GateResult, ToolRun, run_many, sandbox_problem
 from fibray.store.promotions import Gate, Outcome
 from fibray.workers.process.sandbox import SandboxPolicy
@@ -274,16 +274,10 @@ def run_poisoned(job: SanitizeJob, workdir: Path) -> None:
     import torch
     from safetensors.torch import save_file
 
-    from fibray.compile import BuildCache, bind, prepare_triton
     from fibray.evaluate.candidate import normalize_outputs
-    from fibray.evaluate.inputs import allocate_outputs, materialize
+    from fibray.evaluate.inputs import allocate_outputs
 
-    if job.device == "cpu":
-        prepare_triton()
-    device = torch.device(job.device)
-    runnable = bind(BuildCache(workdir / "builds").get(job.solution), job.definition)
-    cpu_args = materialize(job.definition, job.workload, root=Path(job.dataset_root), seed=job.seed, trial=0,
-                           device=torch.device("cpu"))
+    device, runnable, cpu_args = prepare(job, workdir)
     poison: Optional[SharedMemoryPoison] = None
     for i, pattern in enumerate(PATTERNS):
         args = [a.to(device, copy=True) if isinstance(a, torch.Tensor) else a for a in cpu_args]
