@@ -66,11 +66,11 @@ def test_readme_configuration_table_is_the_key_table():
 class _Sweep:
     """`python -m fibray.sweep` in its own session (as a terminal's foreground job), stderr read as it comes."""
 
-    def __init__(self, tmp: Path, store: Path, *args: str) -> None:
+    def __init__(self, tmp: Path, store: Path, *args: str, launcher: tuple[str, ...] = ("-m", "fibray.sweep")) -> None:
         env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
         env.update(PYTHONPATH=str(REPO), TMPDIR=str(tmp), RAY_TMPDIR="/tmp")  # Ray's sockets: short paths
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "fibray.sweep", "+experiment=smoke", "dataset.definitions=[rmsnorm_h4096]",
+            [sys.executable, *launcher, "+experiment=smoke", "dataset.definitions=[rmsnorm_h4096]",
              f"store.root={store}", "sweep.flush_rows=2", *args],
             cwd=tmp, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
         self.lines: list[str] = []
@@ -114,4 +114,36 @@ def test_ctrl_c_is_one_line_saying_what_was_saved_and_exit_130(when):
     rows = len(TraceStore(store).read(columns=["job_id"]))
     assert int(m.group(1)) == int(m.group(2)) == rows and Path(m.group(3)) == store.resolve()
     assert (rows == 0) if when == "during_ray_start" else (rows >= 1), rows
+    assert not [p for p in tmp.iterdir() if p.name.startswith("fibray-")], "the sweep's temp dirs outlived it"
+
+
+# The Ctrl-C lands while Ray forks its processes: Python runs the fork hooks (logging's among them) and
+# swallows what they raise, so the KeyboardInterrupt itself never reaches the sweep (CI saw exit 0).
+_SWALLOWED = """
+import os, signal, sys
+fired = []
+def hook():
+    if "ray" in sys.modules and not fired:  # the sweep has begun starting Ray
+        fired.append(1)
+        os.kill(os.getpid(), signal.SIGINT)
+        sum(range(100000))  # the handler runs here, inside the hook
+os.register_at_fork(after_in_parent=hook)
+sys.argv[0] = "fibray.sweep"
+from fibray.sweep.__main__ import entry
+entry()
+"""
+
+
+@pytest.mark.slow
+def test_ctrl_c_swallowed_inside_a_fork_hook_still_stops_the_sweep():
+    tmp = reachable_tmpdir("fibray-test-sigint-")
+    store = tmp / "store"
+    sweep = _Sweep(tmp, store, launcher=("-c", _SWALLOWED))
+    sweep.proc.wait(timeout=240)
+    sweep._reader.join(timeout=30)
+    err = "".join(sweep.lines)
+    assert sweep.proc.returncode == 130, err[-3000:]
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err[-3000:]
+    m = _INTERRUPTED.match(err.strip().splitlines()[-1])
+    assert m and int(m.group(1)) == 0 == len(TraceStore(store).read(columns=["job_id"])), err[-3000:]
     assert not [p for p in tmp.iterdir() if p.name.startswith("fibray-")], "the sweep's temp dirs outlived it"

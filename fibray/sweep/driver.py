@@ -11,6 +11,7 @@ import logging
 import os
 import shutil
 import signal
+import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -319,6 +320,43 @@ def _make_workdir(cfg: SweepConfig, started_ray: bool) -> tuple[Optional[str], O
     return path, path
 
 
+class _Interrupts:
+    """Ctrl-C that cannot be lost: the handler notes it before raising KeyboardInterrupt, so one raised where
+    Python swallows exceptions (a fork hook while Ray starts its processes, a finaliser) still ends the sweep
+    at the next check."""
+
+    def __init__(self) -> None:
+        self.seen = False
+
+    def handler(self, signum: int, frame: object) -> None:
+        self.seen = True
+        raise KeyboardInterrupt
+
+    def check(self) -> None:
+        if self.seen:
+            raise KeyboardInterrupt
+
+    def _unraisable(self, info) -> None:
+        if not (self.seen and isinstance(info.exc_value, KeyboardInterrupt)):  # that one is noted, not lost
+            self._hook(info)
+
+    @contextlib.contextmanager
+    def kept(self):
+        try:
+            previous = signal.signal(signal.SIGINT, self.handler)
+        except ValueError:  # not the main thread: signals reach the main thread's handler only
+            yield self
+            return
+        self._hook, sys.unraisablehook = sys.unraisablehook, self._unraisable
+        try:
+            yield self
+        finally:
+            if sys.unraisablehook == self._unraisable:
+                sys.unraisablehook = self._hook
+            if signal.getsignal(signal.SIGINT) == self.handler:
+                signal.signal(signal.SIGINT, previous)
+
+
 def _second_interrupt(signum: int, frame: object) -> None:
     print("\nfibray.sweep: interrupted again; exiting without waiting for the slots to stop", flush=True)
     os._exit(130)
@@ -370,7 +408,8 @@ def _run_sweep(cfg: SweepConfig) -> SweepReport:
             log.warning("runner.drop_privileges=false: candidates run as uid %d, like fibray itself", os.geteuid())
         recorder = _Recorder(store, cfg.sweep.flush_rows, cfg.sweep.flush_interval_s, ds)
         try:
-            _run(cfg, todo, report, recorder, t0)
+            with _Interrupts().kept() as interrupts:
+                _run(cfg, todo, report, recorder, t0, interrupts)
         except KeyboardInterrupt:
             raise SweepInterrupted(cfg.sweep.name, recorder.published, len(done) + recorder.published, len(jobs),
                                    store.root.resolve()) from None
@@ -386,7 +425,8 @@ def _service(cfg: SweepConfig):
     return attach_service(cfg.service.name, cfg.cluster.address, cfg.service.state_dir, cfg.cluster.log_to_driver)
 
 
-def _run(cfg: SweepConfig, todo: list[Job], report: SweepReport, recorder: _Recorder, t0: float) -> None:
+def _run(cfg: SweepConfig, todo: list[Job], report: SweepReport, recorder: _Recorder, t0: float,
+         interrupts: _Interrupts) -> None:
     service = _service(cfg)  # a running fibray.serve: its warm slots take the jobs, this driver records
     import ray  # after _service, which may set the auth mode Ray reads at import
 
@@ -395,11 +435,14 @@ def _run(cfg: SweepConfig, todo: list[Job], report: SweepReport, recorder: _Reco
     started, pool, progress, remove, previous = False, None, None, None, None
     try:
         slots, started = (service.num_slots, service.joined) if service else init_ray(cfg)
+        interrupts.check()
         workdir, remove = (None, None) if service else _make_workdir(cfg, started)
         cpus = int(ray.cluster_resources().get("CPU", os.cpu_count() or 1))
         r = cfg.runner
         build_cache = None if service else compile_ahead_on_cpus(todo, cfg)
+        interrupts.check()
         pool = service or WorkerPool(pool_options(cfg, slots, cpus, build_cache, workdir=workdir))
+        interrupts.check()
         log.info("starting %d GPU slot(s) (executors, torch, warm standby) ...", slots)
         progress = Progress(len(todo), cfg.sweep.progress)
 
@@ -408,9 +451,11 @@ def _run(cfg: SweepConfig, todo: list[Job], report: SweepReport, recorder: _Reco
                 progress.update(result.evaluation.status.value)
                 for name, seconds in result.phases.items():
                     report.phases[name] = report.phases.get(name, 0.0) + seconds
+            interrupts.check()  # after recording: the result is kept
 
         report.slots, report.lanes, report.setup_s = slots, service.lanes if service else pool.opt.lanes, time.monotonic() - t0
         pool.run(todo, on_result)
+        interrupts.check()
         first = pool.first_dispatch if pool.first_dispatch is not None else time.monotonic()
         report.start_s, report.run_s = first - t0 - report.setup_s, time.monotonic() - first
         report.slot_stats = pool.slot_stats()
