@@ -289,13 +289,42 @@ def run(hidden_states, weight, output):
 '''
 
 
-def _ticks_inside_windows(slot, ticker_job, honest_jobs, tmp) -> tuple[int, int, list]:
+_FORK_CHAINS = '''import os
+import time
+
+import torch
+
+started = []
+
+
+def chain(end):
+    while time.time() < end:  # tick, fork, and let the parent exit: no pid lives long enough to be listed
+        with open(TICKS, "a") as f:
+            f.write(f"{time.time()}\\n")
+        if os.fork():
+            os._exit(0)
+
+
+def run(hidden_states, weight, output):
+    x = hidden_states.float()
+    output.copy_((x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5) * weight.float()).to(output.dtype))
+    if not started:
+        started.append(1)
+        for _ in range(16):
+            if os.fork() == 0:
+                chain(time.time() + 6)
+                os._exit(0)
+    time.sleep(0.25)
+'''
+
+
+def _ticks_inside_windows(slot, ticker_job, honest_jobs, tmp, ticker: str = _TICKER) -> tuple[int, int, list]:
     """Run a ticking candidate beside honest jobs; (ticks, ticks inside windows that stopped the ticker, results)."""
     ticks = tmp / "ticks"
     ticks.touch()
     ticks.chmod(0o666)
     tmp.chmod(0o777)
-    source = _TICKER.replace("TICKS", repr(str(ticks)))
+    source = ticker.replace("TICKS", repr(str(ticks)))
     first = len(slot.quiet.windows)
     jobs = [ticker_job.model_copy(update={"solution": _solution("ticker", source)}), *honest_jobs]
     own: set[int] = set()  # the slot knows an executor by the pid it started (the relay, in a PID namespace)
@@ -324,6 +353,10 @@ def _ticks_inside_windows(slot, ticker_job, honest_jobs, tmp) -> tuple[int, int,
     times = [float(t) for (t,) in stamps]
     windows = [w for w in list(slot.quiet.windows)[first:] if w.kept not in own]
     inside = sum(1 for t in times for w in windows if w.start < t < w.end)
+    stops = sorted(w.stop_s for w in windows if w.stopped)
+    if stops:
+        print(f"{len(times)} ticks, {inside} inside; {len(stops)} windows stopped others in "
+              f"p50 {stops[len(stops) // 2] * 1e3:.2f} ms, max {stops[-1] * 1e3:.2f} ms")
     return len(times), inside, list(results.values())
 
 
@@ -344,6 +377,21 @@ def test_no_other_lanes_candidate_makes_progress_inside_a_timed_window(lanes_slo
         shutil.rmtree(tmp, ignore_errors=True)
     assert all(r.evaluation.status.value == "PASSED" for r in results), [r.evaluation.log[-300:] for r in results]
     assert n > 100  # the ticker did run (and overlapped the honest jobs' unlocked work)
+    assert inside == 0
+
+
+@pytest.mark.slow
+def test_a_candidate_forking_without_end_makes_no_progress_inside_a_timed_window(lanes_slot):
+    """Chains of processes that fork and exit at once: a list of the executor's processes taken at the
+    window's start is stale before it is used; the stop must reach every process of the executor's uid."""
+    tmp = reachable_tmpdir("fibray-ticks-")
+    try:
+        ticker, *honest = _lane_jobs(5, "chains")
+        n, inside, results = _ticks_inside_windows(lanes_slot, ticker, honest, tmp, _FORK_CHAINS)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    assert all(r.evaluation.status.value == "PASSED" for r in results[1:]), [r.evaluation.log[-300:] for r in results]
+    assert n > 100
     assert inside == 0
 
 

@@ -4,6 +4,7 @@ that it is the very process the supervisor started (the launcher execs it, same 
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -13,7 +14,7 @@ import pytest
 from fibray.workers.process import sandbox
 from fibray.workers.process.launch import sandbox_argv
 from fibray.workers.process.channel import recv
-from fibray.workers.process.uids import DEFAULT_UID_RANGE, UidPool, uids_running
+from fibray.workers.process.uids import DEFAULT_UID_RANGE, UidPool, UidSignaller, uids_running
 from _sweep_helpers import reachable_tmpdir
 
 pytestmark = pytest.mark.slow  # every test here runs real sweeps, Ray, compilers or sandboxed processes
@@ -142,6 +143,36 @@ def test_a_released_uid_has_nothing_left_running_as_it():
     while set(escaped) & set(uids_running(lease.uid)):
         assert time.monotonic() < deadline, "the escaped process outlived its uid's lease"
         time.sleep(0.05)
+
+
+def test_processes_of_a_uid_cannot_kill_the_child_that_stops_them():
+    """Timed windows stop a neighbour executor as a whole uid, by a child taking that uid; a neighbour
+    that kills everything of its uid without end must not kill that child (the window would fail):
+    the child holds the uid as effective only."""
+    pool = UidPool(*DEFAULT_UID_RANGE)
+    target = pool.lease()
+    signaller = UidSignaller(pool.lease)
+    spin = "import os, signal\nwhile True:\n    try:\n        os.kill(-1, signal.SIGKILL)\n    except OSError:\n        pass"
+    attacker = subprocess.Popen([sys.executable, "-c", spin], user=target.uid, group=target.uid, extra_groups=[])
+    try:
+        deadline = time.monotonic() + 30
+        while attacker.pid not in uids_running(target.uid):
+            assert time.monotonic() < deadline, "the attacker never ran as its uid"
+            time.sleep(0.01)
+        failed = 0
+        for _ in range(150):
+            for sig in (signal.SIGSTOP, signal.SIGCONT):
+                try:
+                    signaller.send(target.uid, sig)
+                except OSError:
+                    failed += 1
+        assert attacker.poll() is None  # it ran (and was stopped and continued) throughout
+    finally:
+        attacker.kill()
+        attacker.wait()
+        signaller.close()
+        target.release()
+    assert failed == 0
 
 
 def test_privilege_separation_refuses_an_interpreter_other_users_cannot_reach(tmp_path, monkeypatch):

@@ -3,7 +3,9 @@
 Builds, trials and checks of other lanes run unlocked; entering a timed window the supervisor asks
 each other executor (over its side channel, served on a thread of its own) to synchronise its
 device, waits a short deadline for the acks, then SIGSTOPs every process of those executors, and
-SIGCONTs them after. The supervisor enforces the stop, not the candidates: an executor that does not
+SIGCONTs them after. An executor with a uid of its own is stopped as a whole uid (kill(-1) by a child
+taking that uid), which reaches processes that fork and exit without end; a list of pids read from
+/proc would be stale before it was used. The supervisor enforces the stop, not the candidates: an executor that does not
 ack (hung, busy holding the GIL, or hostile) is stopped all the same, and the window goes ahead.
 Residual risk, which lanes=1 removes: GPU work such an executor had already queued when it was
 stopped may still run inside the window. Time an executor spends stopped is not counted against
@@ -26,6 +28,7 @@ from typing import Optional
 
 from fibray import deadlines
 from fibray.workers.process import sandbox
+from fibray.workers.process.uids import UidSignaller, owned_by
 
 
 @dataclass
@@ -38,6 +41,8 @@ class Window:
     start: float
     end: float = 0.0
     ack_wait_s: float = 0.0
+    stop_s: float = 0.0
+    """Seconds from the acks to the window's start: stopping the others and seeing them stopped."""
     unacked: int = 0
     stopped: int = 0
 
@@ -45,7 +50,7 @@ class Window:
 class Quiet:
     """Stops a slot's executors around timed windows and keeps how long each was stopped."""
 
-    def __init__(self, ack_deadline_s: float = deadlines.QUIESCE_ACK_S) -> None:
+    def __init__(self, policy: Optional[sandbox.SandboxPolicy] = None, ack_deadline_s: float = deadlines.QUIESCE_ACK_S) -> None:
         self.ack_deadline_s = ack_deadline_s
         self.enabled = True
         """False: nothing is stopped (the control of the tests that show what stopping prevents)."""
@@ -54,6 +59,10 @@ class Quiet:
         self._stopped_total: dict[int, float] = {}
         self._stopped_since: dict[int, float] = {}
         self._seq = 0
+        self._signaller = UidSignaller(lambda: sandbox.uid_pool(policy or sandbox.SandboxPolicy()).lease())
+
+    def close(self) -> None:
+        self._signaller.close()
 
     def stopped_s(self, ex: sandbox.Executor) -> float:
         """Seconds `ex` has been stopped so far (the current stop included)."""
@@ -110,24 +119,38 @@ class Quiet:
         w.unacked = self._acks(others)
         w.ack_wait_s = time.monotonic() - t0
         stopped: list[tuple[sandbox.Executor, list[int]]] = []
-        for ex in others:
-            pids = []
-            for pid in (ex.pid, *sandbox.descendants(ex.pid)):  # the executor first: it forks no more
-                try:
-                    os.kill(pid, signal.SIGSTOP)
-                    pids.append(pid)
-                except (ProcessLookupError, PermissionError):
-                    pass
-            with self._lock:
-                self._stopped_since[ex.pid] = time.monotonic()
-            stopped.append((ex, pids))
-        w.stopped = len(stopped)
-        _wait_stopped([p for _, pids in stopped for p in pids], time.monotonic() + deadlines.QUIESCE_ACK_S)
-        w.start = time.time()
+        uids: list[int] = []
+        t0 = time.monotonic()
         try:
+            for ex in others:
+                if ex.uid is not None:  # first the whole uid: every process of it, however fast it forks
+                    uids.append(ex.uid.uid)
+                    self._signaller.send(ex.uid.uid, signal.SIGSTOP)  # OSError: the window cannot be made alone
+                pids = []
+                for pid in (ex.pid, *sandbox.descendants(ex.pid)):  # the executor first: it forks no more
+                    try:
+                        os.kill(pid, signal.SIGSTOP)
+                        pids.append(pid)
+                    except (ProcessLookupError, PermissionError):
+                        pass
+                with self._lock:
+                    self._stopped_since[ex.pid] = time.monotonic()
+                stopped.append((ex, pids))
+            w.stopped = len(stopped)
+            settled = time.monotonic() + deadlines.QUIESCE_ACK_S
+            _wait_stopped([p for _, pids in stopped for p in pids], settled)
+            for uid in uids:  # a signal lands asynchronously: until its processes show stopped (the new ones too)
+                while (moving := _moving(owned_by(uid))) and time.monotonic() < settled:
+                    _wait_stopped(moving, settled)
+            w.start, w.stop_s = time.time(), time.monotonic() - t0
             yield w
         finally:
             w.end = time.time()
+            for uid in uids:
+                try:
+                    self._signaller.send(uid, signal.SIGCONT)
+                except OSError:
+                    pass  # its executor's listed processes are continued below; the rest are charged to it
             for ex, pids in stopped:
                 for pid in pids:
                     try:
@@ -142,16 +165,22 @@ class Quiet:
 
 
 
+def _state(pid: int) -> bytes:
+    """The process's state letter from /proc (b"X" when it is gone)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return b"X"
+
+
+def _moving(pids: list[int]) -> list[int]:
+    return [pid for pid in pids if _state(pid) not in (b"T", b"t", b"Z", b"X")]
+
+
 def _wait_stopped(pids: list[int], deadline: float) -> None:
     """Until the kernel shows every process stopped (state T in /proc; a SIGSTOP is delivered
     asynchronously), or gone, or the deadline passed."""
     for pid in pids:
-        while time.monotonic() < deadline:
-            try:
-                with open(f"/proc/{pid}/stat", "rb") as f:
-                    state = f.read().rsplit(b")", 1)[1].split()[0]
-            except (OSError, IndexError):
-                break
-            if state in (b"T", b"t", b"Z", b"X"):
-                break
+        while _moving([pid]) and time.monotonic() < deadline:
             time.sleep(0.0005)

@@ -62,7 +62,7 @@ class GpuSlot:
         self._lock = threading.RLock()  # executor lists, spawning and stray reaping
         self._free = threading.Condition(self._lock)
         self.device = default_device()
-        self.quiet = Quiet()
+        self.quiet = Quiet(spec.sandbox)
         """Stops the other executors around every timed window; keeps how long each was stopped."""
         self.gpu = GpuLock((lambda: torch.cuda.synchronize(self.device)) if self.device.type == "cuda" else None,
                            self._alone)
@@ -418,4 +418,5 @@ class GpuSlot:
         for ex in self._executors():
             sandbox.retire(ex)
         self.start.close()
+        self.quiet.close()
         sandbox.reap_strays(set(), self.spec.sandbox.drop_privileges)

@@ -8,16 +8,19 @@ executor can neither signal nor read the files of any other executor, nor of fib
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import random
 import signal
 import stat
+import subprocess
+import sys
 import tempfile
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 DEFAULT_UID_RANGE = (200000, 200999)
 """uids (inclusive) for executors when runner.uid_range is not set; no account needs to exist."""
@@ -124,3 +127,101 @@ class UidPool:
                 return UidLease(uid, fd)
         raise NoUidAvailable(f"runner.uid_range: all {n} uids of [{self.first}, {self.last}] are in use on this host; "
                              "widen the range")
+
+
+_SIGNALLER = r"""
+import os, sys
+for line in sys.stdin.buffer:  # "<own uid> <uid> <signal>": that signal to every process running as uid
+    own, uid, sig = (int(v) for v in line.split())
+    pid = os.fork()
+    if pid == 0:
+        code = 0
+        try:
+            os.setgroups([])
+            os.setresgid(own, own, own)
+            os.setresuid(own, uid, own)  # uid as effective only: its processes cannot signal or trace us
+            os.kill(-1, sig)  # every process whose real or saved uid is uid (own: none but us)
+        except ProcessLookupError:
+            pass
+        except BaseException:
+            code = 1
+        os._exit(code)
+    sys.stdout.buffer.write(b"%d\n" % os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
+    sys.stdout.flush()
+"""
+
+
+class UidSignaller:
+    """Sends a signal to every process of a uid at once: kill(-1) by a child that takes the uid.
+
+    Unlike a list of pids read from /proc, this reaches processes that fork and exit without end
+    (a fork in progress passes the signal to the child). The child's effective uid is the target
+    uid, its real and saved uids one leased for the signaller alone (`lease`), so the processes it
+    signals cannot signal it back (the kernel lets a sender's real or effective uid reach a target's
+    real or saved one). The forks come from a small helper process started once (fibray's own
+    process may be Ray's, which should not fork), root like fibray.
+    """
+
+    def __init__(self, lease: Callable[[], UidLease]) -> None:
+        self._lease_uid = lease
+        self._own: Optional[UidLease] = None
+        self._lock = threading.Lock()
+        self._proc: Optional[subprocess.Popen] = None
+
+    def send(self, uid: int, sig: int) -> None:
+        """Raises OSError when the signal could not be sent (the caller fails closed)."""
+        if uid <= 0:
+            raise ValueError(f"refusing to signal every process of uid {uid}")
+        with self._lock:
+            if self._own is None:
+                self._own = self._lease_uid()
+            for _ in (0, 1):
+                if self._proc is None or self._proc.poll() is not None:
+                    self._proc = subprocess.Popen([sys.executable, "-I", "-S", "-c", _SIGNALLER], stdin=subprocess.PIPE,
+                                                  stdout=subprocess.PIPE, close_fds=True)
+                try:
+                    self._proc.stdin.write(b"%d %d %d\n" % (self._own.uid, uid, sig))
+                    self._proc.stdin.flush()
+                    code = self._proc.stdout.readline()
+                except (BrokenPipeError, ValueError):
+                    code = b""
+                if code.strip() == b"0":
+                    return
+                if code:
+                    raise OSError(f"could not send signal {sig} to the processes of uid {uid} (exit {code.strip()!r})")
+                self._close()  # the helper died: start it again once
+            raise OSError(f"the uid signaller died twice sending signal {sig} to uid {uid}")
+
+    def _close(self) -> None:
+        if self._proc is not None:
+            with contextlib.suppress(OSError):
+                self._proc.stdin.close()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self._proc.wait(timeout=5)
+            if self._proc.poll() is None:
+                self._proc.kill()
+                self._proc.wait()
+            self._proc = None
+
+    def close(self) -> None:
+        with self._lock:
+            self._close()
+            if self._own is not None:
+                self._own.release()
+                self._own = None
+
+
+def owned_by(uid: int) -> list[int]:
+    """Pids whose /proc entry belongs to uid: its processes, read fast (a stat, not a parse, each).
+
+    A process that made itself non-dumpable shows as root's here; use this only where missing one
+    is safe (waiting for processes a whole-uid signal has already reached), never to kill or count."""
+    out = []
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            try:
+                if entry.stat(follow_symlinks=False).st_uid == uid:
+                    out.append(int(entry.name))
+            except OSError:
+                continue
+    return out
