@@ -6,6 +6,9 @@ SM's shared memory with a 32-bit pattern by a PTX kernel of its own before each 
 the candidate read shared memory it did not write (initcheck sees global memory only). A != A: not
 deterministic, so the gate cannot tell: not_run, never a pass; so too without a GPU or a sandbox.
 It sees only reads that reach the outputs (a value read and then masked away changes nothing).
+Like the sanitizer gates it finds bugs, not lies: the fill, the probe and the calls run in the
+candidate's process, so a candidate that recognises the gate can behave while it runs; the
+comparison is the supervisor's.
 """
 
 from __future__ import annotations

@@ -122,10 +122,9 @@ class Quiet:
         uids: list[int] = []
         t0 = time.monotonic()
         try:
-            for ex in others:
-                if ex.uid is not None:  # first the whole uid: every process of it, however fast it forks
-                    uids.append(ex.uid.uid)
-                    self._signaller.send(ex.uid.uid, signal.SIGSTOP)  # OSError: the window cannot be made alone
+            uids = [ex.uid.uid for ex in others if ex.uid is not None]
+            self._signaller.send(uids, signal.SIGSTOP)  # each whole uid, however fast its processes fork
+            for ex in others:  # OSError above: the window cannot be made alone, and is not
                 pids = []
                 for pid in (ex.pid, *sandbox.descendants(ex.pid)):  # the executor first: it forks no more
                     try:
@@ -139,18 +138,16 @@ class Quiet:
             w.stopped = len(stopped)
             settled = time.monotonic() + deadlines.QUIESCE_ACK_S
             _wait_stopped([p for _, pids in stopped for p in pids], settled)
-            for uid in uids:  # a signal lands asynchronously: until its processes show stopped (the new ones too)
-                while (moving := _moving(owned_by(uid))) and time.monotonic() < settled:
-                    _wait_stopped(moving, settled)
+            if uids:  # the signal lands asynchronously; one look suffices: a process forked after the
+                _wait_stopped(_moving(owned_by(set(uids))), settled)  # signal stops before it runs a line
             w.start, w.stop_s = time.time(), time.monotonic() - t0
             yield w
         finally:
             w.end = time.time()
-            for uid in uids:
-                try:
-                    self._signaller.send(uid, signal.SIGCONT)
-                except OSError:
-                    pass  # its executor's listed processes are continued below; the rest are charged to it
+            try:
+                self._signaller.send(uids, signal.SIGCONT)
+            except OSError:
+                pass  # the executors' listed processes are continued below; the rest are charged to them
             for ex, pids in stopped:
                 for pid in pids:
                     try:

@@ -131,35 +131,33 @@ class UidPool:
 
 _SIGNALLER = r"""
 import os, sys
-for line in sys.stdin.buffer:  # "<own uid> <uid> <signal>": that signal to every process running as uid
-    own, uid, sig = (int(v) for v in line.split())
-    pid = os.fork()
-    if pid == 0:
-        code = 0
+for line in sys.stdin.buffer:  # "<own uid> <signal> <uid> ...": that signal to every process of each uid
+    own, sig, *uids = (int(v) for v in line.split())
+    code = 0
+    for uid in uids:
         try:
-            os.setgroups([])
-            os.setresgid(own, own, own)
-            os.setresuid(own, uid, own)  # uid as effective only: its processes cannot signal or trace us
-            os.kill(-1, sig)  # every process whose real or saved uid is uid (own: none but us)
+            os.setresuid(own, uid, 0)  # uid as effective only: its processes cannot signal or trace us
+            os.kill(-1, sig)  # every process whose real or saved uid is uid (or own: none but us)
         except ProcessLookupError:
             pass
-        except BaseException:
+        except OSError:
             code = 1
-        os._exit(code)
-    sys.stdout.buffer.write(b"%d\n" % os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
+        finally:
+            os.setresuid(0, 0, 0)  # the saved uid allows it; failing, the helper dies and is started again
+    sys.stdout.buffer.write(b"%d\n" % code)
     sys.stdout.flush()
 """
 
 
 class UidSignaller:
-    """Sends a signal to every process of a uid at once: kill(-1) by a child that takes the uid.
+    """Sends a signal to every process of some uids at once: kill(-1) while holding each uid.
 
     Unlike a list of pids read from /proc, this reaches processes that fork and exit without end
-    (a fork in progress passes the signal to the child). The child's effective uid is the target
-    uid, its real and saved uids one leased for the signaller alone (`lease`), so the processes it
-    signals cannot signal it back (the kernel lets a sender's real or effective uid reach a target's
-    real or saved one). The forks come from a small helper process started once (fibray's own
-    process may be Ray's, which should not fork), root like fibray.
+    (a fork in progress passes the signal to the child). The sender holds the target uid as its
+    effective uid only; its real uid is one leased for the signaller alone and its saved uid root's,
+    so the processes it signals cannot signal or trace it (the kernel lets a sender's real or
+    effective uid reach a target's real or saved one). The sender is a small single-threaded helper
+    process, root like fibray and started once (fibray's own process may be Ray's, with threads).
     """
 
     def __init__(self, lease: Callable[[], UidLease]) -> None:
@@ -168,19 +166,27 @@ class UidSignaller:
         self._lock = threading.Lock()
         self._proc: Optional[subprocess.Popen] = None
 
-    def send(self, uid: int, sig: int) -> None:
+    @property
+    def pid(self) -> Optional[int]:
+        """The helper's pid (None before the first send); a new one each time it had to be started again."""
+        return self._proc.pid if self._proc is not None else None
+
+    def send(self, uids: list[int], sig: int) -> None:
         """Raises OSError when the signal could not be sent (the caller fails closed)."""
-        if uid <= 0:
-            raise ValueError(f"refusing to signal every process of uid {uid}")
+        if not uids:
+            return
+        if min(uids) <= 0:
+            raise ValueError(f"refusing to signal every process of uid {min(uids)}")
         with self._lock:
             if self._own is None:
                 self._own = self._lease_uid()
+            request = " ".join(str(v) for v in (self._own.uid, sig, *uids)).encode() + b"\n"
             for _ in (0, 1):
                 if self._proc is None or self._proc.poll() is not None:
                     self._proc = subprocess.Popen([sys.executable, "-I", "-S", "-c", _SIGNALLER], stdin=subprocess.PIPE,
                                                   stdout=subprocess.PIPE, close_fds=True)
                 try:
-                    self._proc.stdin.write(b"%d %d %d\n" % (self._own.uid, uid, sig))
+                    self._proc.stdin.write(request)
                     self._proc.stdin.flush()
                     code = self._proc.stdout.readline()
                 except (BrokenPipeError, ValueError):
@@ -188,9 +194,9 @@ class UidSignaller:
                 if code.strip() == b"0":
                     return
                 if code:
-                    raise OSError(f"could not send signal {sig} to the processes of uid {uid} (exit {code.strip()!r})")
+                    raise OSError(f"could not send signal {sig} to the processes of uids {uids}")
                 self._close()  # the helper died: start it again once
-            raise OSError(f"the uid signaller died twice sending signal {sig} to uid {uid}")
+            raise OSError(f"the uid signaller died twice sending signal {sig} to uids {uids}")
 
     def _close(self) -> None:
         if self._proc is not None:
@@ -211,8 +217,8 @@ class UidSignaller:
                 self._own = None
 
 
-def owned_by(uid: int) -> list[int]:
-    """Pids whose /proc entry belongs to uid: its processes, read fast (a stat, not a parse, each).
+def owned_by(uids: set[int]) -> list[int]:
+    """Pids whose /proc entry belongs to one of uids: their processes, read fast (a stat, not a parse, each).
 
     A process that made itself non-dumpable shows as root's here; use this only where missing one
     is safe (waiting for processes a whole-uid signal has already reached), never to kill or count."""
@@ -220,7 +226,7 @@ def owned_by(uid: int) -> list[int]:
     for entry in os.scandir("/proc"):
         if entry.name.isdigit():
             try:
-                if entry.stat(follow_symlinks=False).st_uid == uid:
+                if entry.stat(follow_symlinks=False).st_uid in uids:
                     out.append(int(entry.name))
             except OSError:
                 continue
