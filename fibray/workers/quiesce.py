@@ -3,10 +3,11 @@
 Builds, trials and checks of other lanes run unlocked; entering a timed window the supervisor asks
 each other executor (over its side channel, served on a thread of its own) to synchronise its
 device, waits a short deadline for the acks, then SIGSTOPs every process of those executors, and
-SIGCONTs them after. An executor with a uid of its own is stopped as a whole uid (kill(-1) by a child
-taking that uid), which reaches processes that fork and exit without end; a list of pids read from
-/proc would be stale before it was used. The supervisor enforces the stop, not the candidates: an executor that does not
-ack (hung, busy holding the GIL, or hostile) is stopped all the same, and the window goes ahead.
+SIGCONTs them after. An executor with a uid of its own is stopped as a whole uid (kill(-1) by a
+helper holding that uid, uids.UidSignaller), which reaches processes that fork and exit without end;
+a list of pids read from /proc would be stale before it was used. The supervisor enforces the stop,
+not the candidates: an executor that does not ack (hung, busy holding the GIL, or hostile) is
+stopped all the same, and the window goes ahead.
 Residual risk, which lanes=1 removes: GPU work such an executor had already queued when it was
 stopped may still run inside the window. Time an executor spends stopped is not counted against
 its requests' deadlines (`Quiet.stopped_s`).
