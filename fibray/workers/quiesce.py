@@ -55,6 +55,9 @@ class Quiet:
         self.ack_deadline_s = ack_deadline_s
         self.enabled = True
         """False: nothing is stopped (the control of the tests that show what stopping prevents)."""
+        self.by_uid = True
+        """False: only the processes listed below each executor are stopped, not its whole uid (the
+        baseline of benchmarks/window_cost.py)."""
         self.windows: deque[Window] = deque(maxlen=4096)
         self._lock = threading.Lock()
         self._stopped_total: dict[int, float] = {}
@@ -123,11 +126,12 @@ class Quiet:
         uids: list[int] = []
         t0 = time.monotonic()
         try:
-            uids = [ex.uid.uid for ex in others if ex.uid is not None]
+            uids = [ex.uid.uid for ex in others if ex.uid is not None and self.by_uid]
             self._signaller.send(uids, signal.SIGSTOP)  # each whole uid, however fast its processes fork
             for ex in others:  # OSError above: the window cannot be made alone, and is not
                 pids = []
-                for pid in (ex.pid, *sandbox.descendants(ex.pid)):  # the executor first: it forks no more
+                below = () if ex.uid is not None and uids else sandbox.descendants(ex.pid)  # the uid's: stopped above
+                for pid in (ex.pid, *below):  # the executor first: it forks no more
                     try:
                         os.kill(pid, signal.SIGSTOP)
                         pids.append(pid)
