@@ -117,6 +117,21 @@ def test_ctrl_c_is_one_line_saying_what_was_saved_and_exit_130(when):
     assert not [p for p in tmp.iterdir() if p.name.startswith("fibray-")], "the sweep's temp dirs outlived it"
 
 
+@pytest.mark.slow
+@pytest.mark.skipif(os.geteuid() != 0, reason="uids of their own need root")
+def test_a_uid_range_too_narrow_is_one_line_naming_the_key():
+    tmp = reachable_tmpdir("fibray-test-uids-")
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    env.update(TMPDIR=str(tmp), RAY_TMPDIR="/tmp")
+    out = _cli("+experiment=smoke", "dataset.definitions=[rmsnorm_h4096]", f"store.root={tmp}/store",
+               "runner.uid_range=[200990,200990]", cwd=tmp, env=env, timeout=300)
+    assert out.returncode == 2, out.stderr[-3000:]
+    assert "Traceback" not in out.stderr, out.stderr[-3000:]
+    assert out.stderr.strip().splitlines()[-1] == (
+        "fibray.sweep: error: no worker slot could be started: NoUidAvailable: runner.uid_range: all 1 uids of "
+        "[200990, 200990] are in use on this host; widen the range"), out.stderr[-3000:]
+
+
 # The Ctrl-C lands while Ray forks its processes: Python runs the fork hooks (logging's among them) and
 # swallows what they raise, so the KeyboardInterrupt itself never reaches the sweep (CI saw exit 0).
 _SWALLOWED = """

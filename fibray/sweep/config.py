@@ -134,7 +134,8 @@ class RunnerConfig(_Strict):
     """Run each executor as a uid of its own (from uid_range; fibray must run as root). If it cannot be
     put in force the sweep refuses to start; false runs candidates with fibray's own uid (recorded per row)."""
     uid_range: Optional[list[int]] = None
-    """[first, last] uids (inclusive) leased to executors, one per live executor; null: [200000, 200999]."""
+    """[first, last] uids (inclusive) leased to executors, one per live executor and one per slot (the
+    signaller that stops neighbours around timed windows); null: [200000, 200999]."""
     executor_checks: bool = False
     """On a GPU whose driver cannot share memory with executors (CUDA VMM with POSIX file-descriptor
     handles), let each executor stage its job's memory through host shared memory, so that outputs,

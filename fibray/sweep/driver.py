@@ -430,7 +430,7 @@ def _run(cfg: SweepConfig, todo: list[Job], report: SweepReport, recorder: _Reco
     service = _service(cfg)  # a running fibray.serve: its warm slots take the jobs, this driver records
     import ray  # after _service, which may set the auth mode Ray reads at import
 
-    from fibray.sweep.pool import WorkerPool
+    from fibray.sweep.pool import WorkerPool, WorkerStartError
 
     started, pool, progress, remove, previous = False, None, None, None, None
     try:
@@ -459,6 +459,8 @@ def _run(cfg: SweepConfig, todo: list[Job], report: SweepReport, recorder: _Reco
         first = pool.first_dispatch if pool.first_dispatch is not None else time.monotonic()
         report.start_s, report.run_s = first - t0 - report.setup_s, time.monotonic() - first
         report.slot_stats = pool.slot_stats()
+    except WorkerStartError as e:
+        raise ClusterError(str(e)) from None
     except KeyboardInterrupt:
         with contextlib.suppress(ValueError):  # not the main thread: no handler to change
             previous = signal.signal(signal.SIGINT, _second_interrupt)  # cleaning up; a second Ctrl-C leaves at once

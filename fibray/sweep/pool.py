@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import time
 from collections import Counter, OrderedDict, deque
 from dataclasses import dataclass, field
@@ -38,6 +39,21 @@ RemoteSlot = ray.remote(SlotActor)
 
 class WorkerStartError(RuntimeError):
     """No worker slot could be started within the deadline."""
+
+
+_EXCEPTION_LINE = re.compile(r"^(?:\w+\.)*(\w*(?:Error|Exception|Available|Exit|Interrupt))(?:: (.*))?$")
+
+
+def start_error(e: BaseException) -> str:
+    """One line for why a slot's actor could not start: the exception its __init__ raised (Ray wraps
+    it in a traceback of the actor process), not the wrapping."""
+    cause = getattr(e, "cause", None)
+    text = str(cause if isinstance(cause, BaseException) else e)
+    for line in reversed(text.strip().splitlines()):
+        m = _EXCEPTION_LINE.match(line.strip())
+        if m:
+            return f"{m.group(1)}: {m.group(2)}" if m.group(2) else m.group(1)
+    return (text.strip().splitlines() or [type(e).__name__])[0]
 
 
 @dataclass
@@ -111,6 +127,7 @@ class Slot:
     start_deadline: float = 0.0
     inflight: dict = field(default_factory=dict)  # ObjectRef -> Flight
     group: Any = None
+    why: str = ""  # why it could not start, when it could not
 
 
 class WorkerPool:
@@ -198,7 +215,8 @@ class WorkerPool:
             waits.update({ref: (s, ref) for s in self.slots for ref in s.inflight})
             if not waits:
                 if groups and all(s.phase == "dead" for s in self.slots):
-                    raise WorkerStartError("no worker slot could be started; see the log for each slot's error")
+                    whys = list(dict.fromkeys(s.why for s in self.slots if s.why))
+                    raise WorkerStartError("no worker slot could be started: " + "; ".join(whys or ["see the log"]))
                 continue
             deadlines = [s.start_deadline for s in self.slots if s.phase == "start"]
             deadlines += [f.deadline for s in self.slots for f in s.inflight.values()]
@@ -275,7 +293,8 @@ class WorkerPool:
             slot.start_ref = ref
             return
         except (RayActorError, RayTaskError) as e:
-            self._start_failed(slot, f"actor died while starting: {e}" if isinstance(e, RayActorError) else str(e))
+            log.debug("slot gpu%d: its actor's start raised: %s", slot.index, e)
+            self._start_failed(slot, start_error(e))
             return
         slot.info, slot.phase = value, "ready"
         log.info("slot %s ready on %s (network isolated: %s, unprivileged: %s)", value["name"], value["device"],
@@ -314,6 +333,7 @@ class WorkerPool:
 
     def _start_failed(self, slot: Slot, why: str) -> None:
         log.error("slot gpu%d could not start: %s", slot.index, why)
+        slot.why = why
         if slot.actor is not None:
             ray.kill(slot.actor, no_restart=True)
         slot.actor, slot.phase, slot.start_ref = None, "dead", None

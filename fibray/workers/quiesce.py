@@ -63,7 +63,10 @@ class Quiet:
         self._stopped_total: dict[int, float] = {}
         self._stopped_since: dict[int, float] = {}
         self._seq = 0
-        self._signaller = UidSignaller(lambda: sandbox.uid_pool(policy or sandbox.SandboxPolicy()).lease())
+        policy = policy or sandbox.SandboxPolicy()
+        self._signaller = UidSignaller(lambda: sandbox.uid_pool(policy).lease())
+        if policy.drop_privileges and os.geteuid() == 0:
+            self._signaller.lease()  # now, so that a uid range too narrow stops the slot's start, not a window
 
     def close(self) -> None:
         self._signaller.close()

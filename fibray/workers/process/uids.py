@@ -166,6 +166,15 @@ class UidSignaller:
         self._lock = threading.Lock()
         self._proc: Optional[subprocess.Popen] = None
 
+    def lease(self) -> None:
+        """Take the signaller's own uid now (NoUidAvailable when the range has none left)."""
+        with self._lock:
+            self._lease_locked()
+
+    def _lease_locked(self) -> None:
+        if self._own is None:
+            self._own = self._lease_uid()
+
     @property
     def pid(self) -> Optional[int]:
         """The helper's pid (None before the first send); a new one each time it had to be started again."""
@@ -178,8 +187,7 @@ class UidSignaller:
         if min(uids) <= 0:
             raise ValueError(f"refusing to signal every process of uid {min(uids)}")
         with self._lock:
-            if self._own is None:
-                self._own = self._lease_uid()
+            self._lease_locked()
             request = " ".join(str(v) for v in (self._own.uid, sig, *uids)).encode() + b"\n"
             for _ in (0, 1):
                 if self._proc is None or self._proc.poll() is not None:
