@@ -151,7 +151,7 @@ def test_processes_of_a_uid_cannot_kill_what_stops_them():
     reach it (it holds the uid as effective only): it is never killed and no signal fails."""
     pool = UidPool(*DEFAULT_UID_RANGE)
     target = pool.lease()
-    signaller = UidSignaller(pool.lease)
+    signaller = UidSignaller(pool.lease())
     signaller.send([target.uid], signal.SIGCONT)
     sender = signaller.pid
     spin = ("import os, signal, sys\nwhile True:\n    try:\n        os.kill(int(sys.argv[1]), signal.SIGKILL)\n"

@@ -51,7 +51,7 @@ class Window:
 class Quiet:
     """Stops a slot's executors around timed windows and keeps how long each was stopped."""
 
-    def __init__(self, policy: Optional[sandbox.SandboxPolicy] = None, ack_deadline_s: float = deadlines.QUIESCE_ACK_S) -> None:
+    def __init__(self, policy: sandbox.SandboxPolicy, ack_deadline_s: float = deadlines.QUIESCE_ACK_S) -> None:
         self.ack_deadline_s = ack_deadline_s
         self.enabled = True
         """False: nothing is stopped (the control of the tests that show what stopping prevents)."""
@@ -63,13 +63,14 @@ class Quiet:
         self._stopped_total: dict[int, float] = {}
         self._stopped_since: dict[int, float] = {}
         self._seq = 0
-        policy = policy or sandbox.SandboxPolicy()
-        self._signaller = UidSignaller(lambda: sandbox.uid_pool(policy).lease())
-        if policy.drop_privileges and os.geteuid() == 0:
-            self._signaller.lease()  # now, so that a uid range too narrow stops the slot's start, not a window
+        # executors with uids of their own are stopped by uid; its lease taken now, a uid range too
+        # narrow stops the slot's start, not a window
+        self._signaller = (UidSignaller(sandbox.uid_pool(policy).lease())
+                           if policy.drop_privileges and os.geteuid() == 0 else None)
 
     def close(self) -> None:
-        self._signaller.close()
+        if self._signaller is not None:
+            self._signaller.close()
 
     def stopped_s(self, ex: sandbox.Executor) -> float:
         """Seconds `ex` has been stopped so far (the current stop included)."""
@@ -126,12 +127,13 @@ class Quiet:
         w.unacked = self._acks(others)
         w.ack_wait_s = time.monotonic() - t0
         stopped: list[tuple[sandbox.Executor, list[int]]] = []
-        uids: list[int] = []
+        signaller = self._signaller if self.by_uid else None
+        uids = [ex.uid.uid for ex in others if ex.uid is not None] if signaller is not None else []
         t0 = time.monotonic()
         try:
-            uids = [ex.uid.uid for ex in others if ex.uid is not None and self.by_uid]
-            self._signaller.send(uids, signal.SIGSTOP)  # each whole uid, however fast its processes fork
-            for ex in others:  # OSError above: the window cannot be made alone, and is not
+            if uids:  # each whole uid, however fast its processes fork (OSError: no window that is not alone)
+                signaller.send(uids, signal.SIGSTOP)
+            for ex in others:
                 pids = []
                 below = () if ex.uid is not None and uids else sandbox.descendants(ex.pid)  # the uid's: stopped above
                 for pid in (ex.pid, *below):  # the executor first: it forks no more
@@ -152,10 +154,11 @@ class Quiet:
             yield w
         finally:
             w.end = time.time()
-            try:
-                self._signaller.send(uids, signal.SIGCONT)
-            except OSError:
-                pass  # the executors' listed processes are continued below; the rest are charged to them
+            if uids:
+                try:
+                    signaller.send(uids, signal.SIGCONT)
+                except OSError:
+                    pass  # the executors' listed processes are continued below; the rest are charged to them
             for ex, pids in stopped:
                 for pid in pids:
                     try:
@@ -170,17 +173,16 @@ class Quiet:
 
 
 
-def _state(pid: int) -> bytes:
-    """The process's state letter from /proc (b"X" when it is gone)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return f.read().rsplit(b")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return b"X"
-
-
 def _moving(pids: list[int]) -> list[int]:
-    return [pid for pid in pids if _state(pid) not in (b"T", b"t", b"Z", b"X")]
+    """Those of pids that are neither stopped (state T in /proc) nor gone."""
+    out = []
+    for pid in pids:
+        try:
+            if sandbox.stat_fields(pid)[0] not in (b"T", b"t", b"Z", b"X"):
+                out.append(pid)
+        except (OSError, ValueError, IndexError):
+            continue
+    return out
 
 
 def _wait_stopped(pids: list[int], deadline: float) -> None:

@@ -20,7 +20,7 @@ import tempfile
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Optional
 
 DEFAULT_UID_RANGE = (200000, 200999)
 """uids (inclusive) for executors when runner.uid_range is not set; no account needs to exist."""
@@ -160,20 +160,11 @@ class UidSignaller:
     process, root like fibray and started once (fibray's own process may be Ray's, with threads).
     """
 
-    def __init__(self, lease: Callable[[], UidLease]) -> None:
-        self._lease_uid = lease
-        self._own: Optional[UidLease] = None
+    def __init__(self, own: UidLease) -> None:
+        self._own: Optional[UidLease] = own
+        """The uid leased for the signaller alone: its real uid while it holds a target's."""
         self._lock = threading.Lock()
         self._proc: Optional[subprocess.Popen] = None
-
-    def lease(self) -> None:
-        """Take the signaller's own uid now (NoUidAvailable when the range has none left)."""
-        with self._lock:
-            self._lease_locked()
-
-    def _lease_locked(self) -> None:
-        if self._own is None:
-            self._own = self._lease_uid()
 
     @property
     def pid(self) -> Optional[int]:
@@ -187,7 +178,8 @@ class UidSignaller:
         if min(uids) <= 0:
             raise ValueError(f"refusing to signal every process of uid {min(uids)}")
         with self._lock:
-            self._lease_locked()
+            if self._own is None:
+                raise OSError("the uid signaller is closed")
             request = " ".join(str(v) for v in (self._own.uid, sig, *uids)).encode() + b"\n"
             for _ in (0, 1):
                 if self._proc is None or self._proc.poll() is not None:
