@@ -11,8 +11,9 @@
 2. Start-up: where command-to-first-evaluation goes (interpreter and imports, Ray, slot start-up
    and executor warm-up, the first job), cold and on the service.
 3. Round latency: one candidate x 8 workloads submitted through fibray.client to the warm service,
-   submit to last verdict, p50/p95 over --rounds rounds (a new seed each round: never answered
-   from the store).
+   submit to last verdict, p50/p95 over --rounds rounds of each kind: the same candidate on a new
+   seed each round (never answered from the store; inputs and references made again), and a new
+   candidate each round on the same settings (an agent loop's round).
 4. Load: --clients clients x --candidates candidates (distinct solutions, one workload each) at
    once, one slot killed (SIGKILL) mid-load: answered, lost, duplicated, throughput against a
    plain cold sweep of the same jobs.
@@ -133,7 +134,11 @@ def sweep_phases(log: Path) -> dict[str, float]:
 
 
 # -- 3. round latency ----------------------------------------------------------------------------
-def round_latency(svc: Service, data: Path, args: argparse.Namespace, rounds: int) -> list[float]:
+def round_latency(svc: Service, data: Path, args: argparse.Namespace, rounds: int) -> dict[str, list[float]]:
+    """Two kinds of round, `rounds` of each: the same candidate on a new seed each round (new inputs,
+    references made and timed again), and a new candidate each round on the same settings, as an
+    agent loop's rounds are (its source differs, so it gets its executor, build and first calls of
+    its own; the slot has the workloads' inputs, references and reference latencies already)."""
     from fibray.client import Client
     from fibray.dataset import load_dataset
 
@@ -142,18 +147,36 @@ def round_latency(svc: Service, data: Path, args: argparse.Namespace, rounds: in
     sol = _honest(ds, name)
     workloads = [w.uuid for w in ds.workloads[name][:8]]
     client = Client("bench-rounds", store=svc.store, service=svc.name, state_dir=str(svc.state_dir), dataset=data)
-    times = []
-    for r in range(rounds):
-        settings = {"warmup": args.warmup, "iterations": args.iterations, "trials": args.trials, "seed": 1000 + r}
-        t0 = time.monotonic()
-        futures = client.submit(sol, name, workloads=workloads, settings=settings)
-        for f in futures:
-            f.result(timeout=600)
-        times.append(time.monotonic() - t0)
-    print(f"round latency: {sol.name} x {len(workloads)} workloads of {name} at "
-          f"{args.warmup}/{args.iterations}/{args.trials}, {rounds} rounds: p50 {_q(times, 0.5):.3f}s, "
-          f"p95 {_q(times, 0.95):.3f}s, min {min(times):.3f}s")
-    return times
+    timing = {"warmup": args.warmup, "iterations": args.iterations, "trials": args.trials}
+    kinds = {
+        "same candidate, new seed": lambda r: (sol, {**timing, "seed": 1000 + r}),
+        "new candidate, same settings": lambda r: (_variant(sol, r), {**timing, "seed": 999}),
+    }
+    out: dict[str, list[float]] = {}
+    for kind, make in kinds.items():
+        times = out[kind] = []
+        for r in range(rounds):
+            candidate, settings = make(r)
+            t0 = time.monotonic()
+            futures = client.submit(candidate, name, workloads=workloads, settings=settings)
+            statuses = {f.result(timeout=600).status.value for f in futures}
+            times.append(time.monotonic() - t0)
+            if statuses != {"PASSED"}:
+                print(f"  round {r} ({kind}): statuses {sorted(statuses)}")
+        print(f"round latency ({kind}): {sol.name} x {len(workloads)} workloads of {name} at "
+              f"{args.warmup}/{args.iterations}/{args.trials}, {rounds} rounds: p50 {_q(times, 0.5):.3f}s, "
+              f"p95 {_q(times, 0.95):.3f}s, min {min(times):.3f}s")
+    return out
+
+
+def _variant(sol: Any, r: int) -> Any:
+    """`sol` as another candidate: the same code with a comment of its own (another hash and name)."""
+    data = sol.model_dump(mode="json")
+    data["name"] = f"{sol.name}_round{r}"
+    for src in data["sources"]:
+        if src["path"].endswith(".py"):
+            src["content"] += f"\n# round {r}\n"
+    return type(sol).model_validate(data)
 
 
 def _honest(ds: Any, definition: str) -> Any:
