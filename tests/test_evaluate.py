@@ -48,39 +48,6 @@ def test_structural_failures_are_classified(out, status, reason):
     assert (res.status.value, res.reason) == (status, reason)
 
 
-@pytest.mark.parametrize("kind", ["elementwise", "matched_ratio"])
-def test_judging_many_calls_at_once_gives_each_call_the_verdict_it_gets_alone(kind, monkeypatch):
-    """The timed calls' sample is judged with one read of the device: every call's verdict, reason,
-    message and metrics are those of the checker called on that call alone, whatever went wrong."""
-    from fibray.check import many_checker_for
-
-    ref = torch.randn(2, 3)
-    near = ref + 1e-4
-    off = ref.clone(); off[0, 1] += 3.0
-    outliers = torch.zeros(40); outliers[:1] = 5.0
-    nan_both = ref.clone(); nan_both[1, 2] = float("nan")
-    calls = [
-        ([near], [ref]), ([ref.clone()], [ref]), ([off], [ref]),
-        ([torch.tensor([[0.0, float("nan"), 0.0]] * 2)], [ref]), ([torch.tensor([[0.0, float("inf"), 0.0]] * 2)], [ref]),
-        ([nan_both], [nan_both.clone()]), ([torch.zeros(3, 2)], [ref]), ([torch.zeros(2, 3, dtype=torch.float64)], [ref]),
-        ([[0.0]], [ref]), ([torch.zeros(0, 3)], [torch.zeros(0, 3)]), ([torch.arange(6).view(2, 3)], [torch.arange(6).view(2, 3) + 1]),
-        ([outliers], [torch.zeros(40)]),
-    ]
-    names = ["y"]
-    tol = Tolerance(atol=0.01, rtol=0.01, matched_ratio=0.95)
-    two = [([near, off], [ref, ref]), ([near, near], [ref, ref])]
-    reads = []
-    real = torch.Tensor.tolist
-    monkeypatch.setattr(torch.Tensor, "tolist", lambda self: reads.append(1) or real(self))
-    many = many_checker_for(kind)(calls, names, tol) + many_checker_for(kind)(two, ["y", "z"], tol)
-    assert len(reads) == 2  # one read of the device per batch
-    alone = [checker_for(kind)(o, r, names, tol) for o, r in calls] + [checker_for(kind)(o, r, ["y", "z"], tol) for o, r in two]
-    for got, want in zip(many, alone, strict=True):
-        assert (got.status, got.reason, got.message, got.extra) == (want.status, want.reason, want.message, want.extra)
-        assert (got.max_abs, got.max_rel) == pytest.approx((want.max_abs, want.max_rel), nan_ok=True, rel=0, abs=0)
-    assert [r.ok for r in many].count(False) >= 6  # the failures above are real failures
-
-
 def test_interpreter_casts_fp32_to_bf16_like_the_gpu():
     """The interpreter truncates fp32->bf16; fibray's patch rounds to nearest even like a GPU."""
     import triton

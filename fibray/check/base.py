@@ -65,13 +65,7 @@ class Checker(Protocol):
     def __call__(self, outputs: list[torch.Tensor], refs: list[torch.Tensor], names: list[str], tol: Tolerance) -> CheckResult: ...
 
 
-class ManyChecker(Protocol):
-    def __call__(self, calls: list[tuple[list[torch.Tensor], list[torch.Tensor]]], names: list[str],
-                 tol: Tolerance) -> list[CheckResult]: ...
-
-
 _CHECKERS: dict[str, Checker] = {}
-_MANY: dict[str, ManyChecker] = {}
 
 
 def register_checker(name: str) -> Callable[[Checker], Checker]:
@@ -82,25 +76,6 @@ def register_checker(name: str) -> Callable[[Checker], Checker]:
         return fn
 
     return deco
-
-
-def register_many(name: str) -> Callable[[ManyChecker], ManyChecker]:
-    """Register how checker `name` judges many calls at once: the verdict of each call exactly as the
-    checker gives it, with fewer waits on the device."""
-
-    def deco(fn: ManyChecker) -> ManyChecker:
-        _MANY[name] = fn
-        return fn
-
-    return deco
-
-
-def many_checker_for(kind: str) -> ManyChecker:
-    """Judges a list of calls' (outputs, references): the checker's own, or the checker call by call."""
-    if kind in _MANY:
-        return _MANY[kind]
-    one = checker_for(kind)
-    return lambda calls, names, tol: [one(outs, refs, names, tol) for outs, refs in calls]
 
 
 def checker_for(kind: str) -> Checker:
@@ -131,42 +106,15 @@ def structural(out: torch.Tensor, ref: torch.Tensor, name: str) -> Optional[Chec
     return None
 
 
-def _error_tensors(out: torch.Tensor, ref: torch.Tensor, tol: Tolerance) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """max |y-ref|, max relative error and the count of elements within tolerance, on the device (float64)."""
+def error_stats(out: torch.Tensor, ref: torch.Tensor, tol: Tolerance) -> tuple[float, float, float]:
+    """(max_abs, max_rel, matched_ratio) with matched meaning |y-ref| <= atol + rtol*|ref|."""
     o, r = out.double(), ref.double()
+    if o.numel() == 0:
+        return 0.0, 0.0, 1.0
     finite = torch.isfinite(r)
     diff = torch.where(finite, (o - r).abs(), torch.zeros_like(r))
     rel = diff / (r.abs() + 1e-8)
     within = diff <= tol.atol + tol.rtol * r.abs()
     # a count, not mean(): CUDA's mean multiplies by 1/n, and n * (1/n) < 1 for some n (50176 = 7 x 7168
     # gave 0.9999999999999999), which failed outputs whose every element was within tolerance
-    return diff.max(), rel.max(), within.sum()
-
-
-def error_stats(out: torch.Tensor, ref: torch.Tensor, tol: Tolerance) -> tuple[float, float, float]:
-    """(max_abs, max_rel, matched_ratio) with matched meaning |y-ref| <= atol + rtol*|ref|."""
-    if out.numel() == 0:
-        return 0.0, 0.0, 1.0
-    max_abs, max_rel, within = _error_tensors(out, ref, tol)
-    return float(max_abs), float(max_rel), int(within) / out.numel()
-
-
-def error_stats_many(pairs: list[tuple[torch.Tensor, torch.Tensor]], tol: Tolerance) -> list[Optional[tuple[float, float, float]]]:
-    """error_stats of many (output, reference) pairs that pass structural's shape and dtype tests,
-    read from the device once: the same numbers, or None for a pair with a non-finite value where
-    the reference has none (structural's finiteness test fails there)."""
-    rows = []
-    for out, ref in pairs:
-        bad = torch.zeros((), dtype=torch.float64, device=out.device)
-        if out.dtype.is_floating_point:
-            o, r = out.float(), ref.float()
-            bad = (~torch.isfinite(o) & ~((o == r) | (torch.isnan(o) & torch.isnan(r)))).sum().double()
-        if out.numel() == 0:
-            rows.append(torch.stack([bad, *torch.zeros(3, dtype=torch.float64, device=out.device)]))
-        else:
-            rows.append(torch.stack([bad, *(t.double() for t in _error_tensors(out, ref, tol))]))
-    if not rows:
-        return []
-    values = torch.stack([r.to(rows[0].device) for r in rows]).tolist()
-    return [None if bad else ((0.0, 0.0, 1.0) if not out.numel() else (max_abs, max_rel, int(within) / out.numel()))
-            for (bad, max_abs, max_rel, within), (out, _) in zip(values, pairs)]
+    return float(diff.max()), float(rel.max()), int(within.sum()) / within.numel()

@@ -16,7 +16,7 @@ import torch
 
 from fibray.compile import build_reference
 from fibray.evaluate.candidate import TimeResult, TrialOutput, normalize_outputs
-from fibray.check import CheckResult, Draws, Tolerance, checker_for, many_checker_for, wants_draws
+from fibray.check import CheckResult, Draws, Tolerance, checker_for, wants_draws
 from fibray.check.base import structural
 from fibray.evaluate.memory import (
     TIMED_OUTPUT_BYTES, TIMING_BUDGET_BYTES, TIMING_MAX_SETS, GUARD_BYTES, JobMemory, LocalRegion, Region,
@@ -260,11 +260,11 @@ class Judge:
 
     def unchanged_sets(self, job: Job, mem: JobMemory, expected: list[list[Any]], what: str) -> CheckResult:
         """Every input set of the region against what it must hold."""
-        changed = mem.changed_inputs(list(enumerate(expected)))
-        if changed is not None:
-            j, i = changed
-            name = list(job.definition.inputs)[i]
-            return CheckResult(Status.INCORRECT_NUMERICAL, Reason.MUTATED_INPUTS, f"input {name!r} of set {j} {what}")
+        for j, values in enumerate(expected):
+            changed = mem.changed_input(j, values)
+            if changed is not None:
+                name = list(job.definition.inputs)[changed]
+                return CheckResult(Status.INCORRECT_NUMERICAL, Reason.MUTATED_INPUTS, f"input {name!r} of set {j} {what}")
         return CheckResult()
 
     def check_timed(self, job: Job, state: _WorkloadState, mem: JobMemory, plan: _JobPlan, sets: list[list[Any]],
@@ -287,18 +287,13 @@ class Judge:
         tol, kind = self.tolerance(job)
         checker, names = checker_for(kind), list(job.definition.outputs)
         judged = judged_calls(called, len(layout.timed))
-        sample = sorted(secrets.SystemRandom().sample(sorted(judged), sample_size(len(judged))))
-        # what the device must answer, asked for every sampled call at once; then judged call by call, in order
-        intact = mem.guards_intact_many([layout.timed[b] for b in sample])
-        outputs = {b: mem.outputs(layout.timed[b]) for b in sample}
-        numeric = {} if wants_draws(checker) else dict(zip(sample, many_checker_for(kind)(
-            [(outputs[b], timed.refs[judged[b]]) for b in sample], names, tol)))
         verdict = CheckResult()
-        for b, whole in zip(sample, intact):
-            call, outs = judged[b], outputs[b]
-            if not whole:
+        for b in sorted(secrets.SystemRandom().sample(sorted(judged), sample_size(len(judged)))):
+            call, k = judged[b], layout.timed[b]
+            if not mem.guards_intact(k):
                 return CheckResult(Status.INCORRECT_NUMERICAL, Reason.OUT_OF_BOUNDS_WRITE,
                                    f"bytes around an output buffer of timed call {call} were overwritten")
+            outs = mem.outputs(k)
             if layout.snapshots:
                 snap = mem.outputs(layout.snapshots[b])
                 if not all(torch.equal(a.reshape(-1).view(torch.uint8), c.reshape(-1).view(torch.uint8)) for a, c in zip(outs, snap)):
@@ -308,7 +303,7 @@ class Judge:
                 one = next((r for r in (structural(o, ref, n) for o, ref, n in zip(outs, timed.refs[call], names)) if r), None)
                 one = one or CheckResult()
             else:
-                one = numeric[b]
+                one = checker(outs, timed.refs[call], names, tol)
             if not one.ok:
                 return CheckResult(one.status, Reason.WRONG_WHILE_TIMED, f"timed call {call} ({one.reason}): {one.message}",
                                    max_abs=one.max_abs, max_rel=one.max_rel)

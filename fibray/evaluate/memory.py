@@ -33,7 +33,7 @@ WRONG_ONE_IN = 8
 MISS_PROBABILITY = 1e-3
 """...passes a job with at most this probability (see sample_size)."""
 
-_torch_ne = torch.ne
+_torch_equal = torch.equal
 _foreach_add = torch._foreach_add_
 
 
@@ -320,82 +320,31 @@ class JobMemory:
                 view(self.region, arg.place).copy_(v)
 
     def prepare_outputs(self, sets: list[int]) -> None:
-        """Guard bytes set and bodies poisoned (NaN, True or the max int): each run of output sets
-        evenly spaced in the region (the layout puts them so) is written with one copy of a template
-        set; a set whose places are laid out otherwise is written place by place."""
-        raw, rows = self.region.bytes(), self.layout.outputs
-        todo = sorted(set(sets))
-        first = next((k for k in todo if rows[k]), None)
-        if first is None:
-            return
-        base = rows[first][0].off - GUARD_BYTES
-        span = rows[first][-1].off + rows[first][-1].nbytes + GUARD_BYTES - base
-        shape = [(p.off - base, p.nbytes, p.dtype, p.shape) for p in rows[first]]
-        like = [k for k in todo if rows[k] and [(p.off - rows[k][0].off + GUARD_BYTES, p.nbytes, p.dtype, p.shape)
-                                                for p in rows[k]] == shape]
-        for k in todo:
-            if k not in like:
-                for p in rows[k]:
-                    before, after = _guard(self.region, p)
-                    before.fill_(GUARD_PATTERN)
-                    after.fill_(GUARD_PATTERN)
-                    poison_(view(self.region, p))
-        if not like:
-            return
-        template = torch.full((span,), GUARD_PATTERN, dtype=torch.uint8, device=raw.device)
-        for rel, nbytes, dtype, dims in shape:
-            poison_(template[rel:rel + nbytes].view(_dtype(dtype)).view(dims))
-        runs: list[list[int]] = []  # [start, stride, sets]
-        for k in like:
-            start = rows[k][0].off - GUARD_BYTES
-            if runs and runs[-1][2] == 1 and start - runs[-1][0] >= span:
-                runs[-1][1:] = [start - runs[-1][0], 2]
-            elif runs and runs[-1][2] > 1 and start == runs[-1][0] + runs[-1][2] * runs[-1][1]:
-                runs[-1][2] += 1
-            else:
-                runs.append([start, span, 1])
-        for start, stride, n in runs:
-            raw.as_strided((n, span), (stride, 1), raw.storage_offset() + start).copy_(template.expand(n, span))
-
-    def guards_intact(self, k: int) -> bool:
-        return self.guards_intact_many([k])[0]
-
-    def guards_intact_many(self, ks: list[int]) -> list[bool]:
-        """guards_intact of each output set in ks, read from the region once."""
-        if not ks:
-            return []
-        raw = self.region.bytes()
-        marks = []
-        for k in ks:
-            whole = torch.ones((), dtype=torch.bool, device=raw.device)
+        """Guard bytes set and bodies poisoned (NaN, True or the max int)."""
+        for k in sets:
             for p in self.layout.outputs[k]:
                 before, after = _guard(self.region, p)
-                whole = whole & (before == GUARD_PATTERN).all() & (after == GUARD_PATTERN).all()
-            marks.append(whole)
-        return [bool(v) for v in torch.stack(marks).tolist()]
+                before.fill_(GUARD_PATTERN)
+                after.fill_(GUARD_PATTERN)
+                poison_(view(self.region, p))
+
+    def guards_intact(self, k: int) -> bool:
+        for p in self.layout.outputs[k]:
+            before, after = _guard(self.region, p)
+            if not (bool((before == GUARD_PATTERN).all()) and bool((after == GUARD_PATTERN).all())):
+                return False
+        return True
 
     def changed_input(self, s: int, expected: list[Any]) -> Optional[int]:
         """Index of the first tensor input of set s whose bytes differ from `expected`, else None."""
-        first = self.changed_inputs([(s, expected)])
-        return None if first is None else first[1]
-
-    def changed_inputs(self, expected: list[tuple[int, list[Any]]]) -> Optional[tuple[int, int]]:
-        """(set, input) of the first tensor input whose bytes differ from what each (set, values) of
-        `expected` says it holds, else None; read from the region once."""
-        differs, where = [], []
-        for s, values in expected:
-            for i, (arg, want) in enumerate(zip(self.layout.inputs[s], values)):
-                if arg.place is None:
-                    continue
-                got = view(self.region, arg.place).reshape(-1).view(torch.uint8)
-                want = (want if want.device == got.device else want.to(got.device)).reshape(-1).contiguous().view(torch.uint8)
-                same_size = got.shape == want.shape
-                differs.append(_torch_ne(got, want).any() if same_size else torch.ones((), dtype=torch.bool, device=got.device))
-                where.append((s, i))
-        if not differs:
-            return None
-        flags = torch.stack(differs).tolist()
-        return next((at for at, flag in zip(where, flags) if flag), None)
+        for i, (arg, want) in enumerate(zip(self.layout.inputs[s], expected)):
+            if arg.place is None:
+                continue
+            got = view(self.region, arg.place)
+            want = want if want.device == got.device else want.to(got.device)
+            if not _torch_equal(got.reshape(-1).view(torch.uint8), want.reshape(-1).contiguous().view(torch.uint8)):
+                return i
+        return None
 
     def settle(self) -> None:
         """Wait for this process's writes to the region (a GPU's are queued): the executor reads next."""
