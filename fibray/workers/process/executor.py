@@ -28,18 +28,6 @@ def arguments(*, channel_fd: int, device: str, workdir: str, quiesce_fd: int, ar
     return args
 
 
-def _warm_blas(device) -> None:
-    """cuBLAS and cuBLASLt handles and workspaces for the usual dtypes, made in the warm-up (a standby's,
-    off the sweep's path) and in the memory baseline, not in a torch candidate's first trial."""
-    import torch
-
-    for dtype in (torch.float32, torch.bfloat16, torch.float16):
-        a = torch.ones(64, 64, dtype=dtype, device=device)
-        torch.addmm(a[0], a, a)  # cuBLASLt (a bias epilogue)
-        torch.mm(a, a)           # cuBLAS
-    torch.cuda.synchronize(device)
-
-
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="fibray.workers.process.executor")
     parser.add_argument("--fd", type=int, required=True)
@@ -79,10 +67,6 @@ def main(argv: list[str] | None = None) -> None:
             warm_triton(device)  # Triton's driver helpers and a launcher: in the warm-up, not in a trial
         except Exception as e:  # noqa: BLE001  (Triton broken here: its candidates will say so themselves)
             print(f"fibray: Triton warm-up failed ({type(e).__name__}: {e}); Triton candidates pay for it", flush=True)
-        try:
-            _warm_blas(device)
-        except Exception as e:  # noqa: BLE001  (cuBLAS broken here: its candidates will say so themselves)
-            print(f"fibray: cuBLAS warm-up failed ({type(e).__name__}: {e}); the first matmul pays for it", flush=True)
 
     if args.quiesce_fd is not None:
         _serve_quiesce(args.quiesce_fd, (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None))
