@@ -256,7 +256,7 @@ class Judge:
         checker = checker_for(kind)
         if wants_draws(checker):  # a stochastic output (sampling) is judged over many draws
             return checker(mem.outputs(k), refs, list(job.definition.outputs), tol, draws=Draws(job.definition, inputs, out.draws))
-        return many_checker_for(kind)([(mem.outputs(k), refs)], list(job.definition.outputs), tol)[0]  # one device read
+        return checker(mem.outputs(k), refs, list(job.definition.outputs), tol)
 
     def unchanged_sets(self, job: Job, mem: JobMemory, expected: list[list[Any]], what: str) -> CheckResult:
         """Every input set of the region against what it must hold."""
