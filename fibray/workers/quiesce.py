@@ -149,7 +149,7 @@ class Quiet:
             settled = time.monotonic() + deadlines.QUIESCE_ACK_S
             _wait_stopped([p for _, pids in stopped for p in pids], settled)
             if uids:  # the signal lands asynchronously; one look suffices: a process forked after the
-                _wait_stopped(_moving(owned_by(set(uids))), settled)  # signal stops before it runs a line
+                _wait_stopped(owned_by(set(uids)), settled)  # signal stops before it runs a line
             w.start, w.stop_s = time.time(), time.monotonic() - t0
             yield w
         finally:
