@@ -33,6 +33,26 @@ def test_a_report_twenty_times_short_breaks_the_bound():
     assert e.value.reason == "timing_below_observed"
 
 
+def test_a_cpu_report_is_held_to_the_calls_it_times():
+    """11 calls of 10 ms reported at 1.5 ms: within what 27 calls (max_calls) would explain, not
+    within what the 11 the report times do."""
+    calls = S.warmup + S.iterations * S.trials
+    wall = calls * 0.010 + 0.002
+    assert max_calls(S, "cpu") > 2 * calls
+    with pytest.raises(BoundBroken) as e:
+        check_report(Timing([1.5] * (calls - S.warmup), "wall_clock"), wall, S, OVERHEAD, "cpu")
+    assert e.value.reason == "timing_below_observed" and f"over {calls} calls" in e.value.message
+
+
+def test_an_honest_cpu_report_with_a_long_tail_is_within_the_bound():
+    """Calls that fork, on a loaded host: a 10 ms median, two calls of 120 ms; the wall is what they
+    report. A bound at the median alone (11 x 10 ms, x2 + 50 ms) would call it a lie."""
+    samples = [10.0] * 8 + [120.0] * 2
+    wall = (sum(samples) + 10.0) / 1e3 + OVERHEAD.fixed_s + 11 * OVERHEAD.per_call_s
+    assert wall > 2 * 11 * 0.010 + 0.05
+    check_report(Timing(samples, "wall_clock"), wall, S, OVERHEAD, "cpu")
+
+
 GPU = EvalSettings(warmup=10, iterations=50, trials=3)
 H200_OVERHEAD = Overhead(fixed_s=0.22e-3, per_call_s=35e-6)  # a slot's calibration on the H200 (RESULTS.md)
 
@@ -122,6 +142,59 @@ def test_an_honest_slow_kernel_passes_with_its_true_latency(slot):
     ev = slot.evaluate(_job(_honest_twin(_candidate("timer_rebinding"))), "persistent", now_iso()).evaluation
     assert ev.status.value == "PASSED", ev.log[-800:]
     assert ev.performance.latency_ms >= 20.0
+
+
+def _honest(name: str = "rmsnorm_h4096_torch") -> Solution:
+    return Solution.model_validate(json.loads((REPO / "solutions" / "rmsnorm" / "rmsnorm_h4096" / f"{name}.json").read_text()))
+
+
+@pytest.mark.slow
+def test_a_supervisor_late_to_every_reply_does_not_make_an_honest_report_a_lie(slot, monkeypatch):
+    """A supervisor that reads each reply 0.2 s late (a stolen vCPU, a busy core or lock on a CI host:
+    an honest offender_fp16_overflow was judged timing_below_observed in CI) leaves an honest
+    candidate of ~0.1 ms a call PASSED: its executor, which never slept, is read on its CPU time."""
+    import fibray.workers.remote as remote
+
+    real = remote.answer
+
+    def late(*args, **kwargs):
+        reply = real(*args, **kwargs)
+        time.sleep(0.2)
+        return reply
+
+    monkeypatch.setattr(remote, "answer", late)
+    ev = slot.evaluate(_job(_honest()), "persistent", now_iso()).evaluation
+    assert ev.status.value == "PASSED", ev.log[-800:]
+    assert ev.performance.latency_ms < 20.0
+
+
+@pytest.mark.slow
+def test_a_hiccup_while_calibrating_does_not_loosen_the_bound(slot, monkeypatch):
+    """A host hiccup in one calibration timing (seen under load: a fixed overhead of a tenth of a
+    second, and a 20x lie PASSED on that slot) is outvoted by the repeats; the lie is still caught."""
+    from fibray.schema import EvalSettings as Settings
+    from fibray.timing.bound import CALIBRATION_ITERATIONS
+    from fibray.workers.remote import CalibrationSide
+
+    real, seen = CalibrationSide.time, []
+
+    def hiccup(self, job):
+        t = real(self, job)
+        seen.append(job.settings.iterations)
+        if seen.count(CALIBRATION_ITERATIONS[0]) == 2:  # the first short timing after the warm-up
+            time.sleep(0.15)
+        return t
+
+    monkeypatch.setattr(CalibrationSide, "time", hiccup)
+    monkeypatch.setattr(GpuSlot, "_stopwatch", lambda self, ex: None)  # the wall, which sees the hiccup
+    saved = dict(slot.overheads)
+    slot.overheads.clear()
+    try:
+        overhead = slot._overhead_for(Settings())
+    finally:
+        slot.overheads.clear()
+        slot.overheads.update(saved)
+    assert seen.count(CALIBRATION_ITERATIONS[0]) > 2 and overhead.fixed_s < 0.05, overhead
 
 
 def test_adaptive_timing_stops_early_and_says_so_in_its_mode(monkeypatch):

@@ -132,7 +132,7 @@ def _bounded_time(job: Job, judge: Judge, calls, mem: JobMemory, sets: list[list
 
     try:
         timing = bounded_time(once, job.settings, overhead, judge.device.type, prepare=again,
-                              clock=getattr(calls, "bound_clock", None), busy=getattr(calls, "busy_clock", None))
+                              stopwatch=getattr(calls, "stopwatch", None), busy=getattr(calls, "busy_clock", None))
     except _TimedCallsFailed as e:
         return e.result
     return TimeResult(samples_ms=timing.samples_ms, mode=timing.mode, sync_overhead_ms=timing.sync_overhead_ms,

@@ -55,6 +55,10 @@ MAX_EXTRA_SETS = 16
 a timing makes fewer than iterations x trials + this many stream-timed calls."""
 CALIBRATION_ITERATIONS = (16, 128)
 """Iterations of the two calibration timings: their difference gives the per-call overhead."""
+CALIBRATION_REPEATS = 3
+"""Timings at each calibration point, the least kept. With one, a hiccup of a loaded host in the
+short one (seen under two busy rivals on a two-core host) made the fixed overhead a tenth of a
+second, and a candidate reporting 20x short passed on that slot."""
 _clock = time.perf_counter
 
 
@@ -74,6 +78,51 @@ class Overhead:
     """Per request (channel round trip, plan, final synchronise), seconds, >= 0."""
     per_call_s: float
     """Per call (flush, events, input changes, device-wide synchronise), seconds, >= 0."""
+    quiet_switches: Optional[int] = None
+    """The most voluntary context switches the executor's main thread made in an honest timing
+    request of the calibration (Window.switches); None where its stopwatch counts none."""
+
+
+@dataclass(frozen=True)
+class Window:
+    """What a Stopwatch saw of one timing request."""
+
+    wall_s: float
+    """The wall around it (on a CPU slot, less the host's run-queue waits: fibray.workers.cpu_clock)."""
+    cpu_s: Optional[float] = None
+    """The executor's CPU seconds in it (None: not measured)."""
+    switches: Optional[int] = None
+    """The voluntary context switches of the executor's main thread in it: each sleep or block it made
+    (None: not counted)."""
+
+    def reading(self, quiet: Optional[int]) -> float:
+        """The seconds the bound holds against a report: the wall, or the lesser of it and the CPU time
+        where the executor slept no more than an honest request (`quiet` switches) makes it sleep."""
+        if quiet is not None and self.switches is not None and self.cpu_s is not None and self.switches <= quiet:
+            return min(self.wall_s, self.cpu_s)
+        return self.wall_s
+
+    def __str__(self) -> str:
+        cpu = "" if self.cpu_s is None else f", {self.cpu_s * 1e3:.1f} ms of executor CPU"
+        switches = "" if self.cpu_s is None else f", {'?' if self.switches is None else self.switches} voluntary switches"
+        return f"window: {self.wall_s * 1e3:.1f} ms of wall{cpu}{switches}"
+
+
+class Stopwatch(Protocol):
+    """The supervisor's measure of one timing request: `start()` before it, `stop()` after."""
+
+    def start(self) -> None: ...
+    def stop(self) -> Window: ...
+
+
+class WallStopwatch:
+    """The wall (time.perf_counter) around the request: a GPU slot's window, which holds the GPU alone."""
+
+    def start(self) -> None:
+        self._t0 = _clock()
+
+    def stop(self) -> Window:
+        return Window(_clock() - self._t0)
 
 
 def max_calls(s: EvalSettings, device_type: str) -> int:
@@ -87,10 +136,28 @@ def _launch_s(device_type: str) -> float:
     return BOUND_LAUNCH_S.get(device_type, BOUND_LAUNCH_S["cpu"])
 
 
-def explained_s(overhead: Overhead, s: EvalSettings, median_ms: float, device_type: str) -> float:
-    """The longest wall a timing with this median can honestly take, before the margin."""
-    per_call = median_ms / 1e3 + overhead.per_call_s + _launch_s(device_type)
-    return overhead.fixed_s + max_calls(s, device_type) * per_call
+def calls_held(samples: list, s: EvalSettings, device_type: str) -> int:
+    """The calls a report is held to: on a CPU slot the warm-up and one a sample (the CPU timer
+    times each call it makes; a report that leaves calls out only tightens its own bound, and one
+    that adds some is capped at max_calls); on a GPU slot, whose passes make calls that have no
+    sample of their own, max_calls."""
+    if device_type == "cuda":
+        return max_calls(s, device_type)
+    return min(max_calls(s, device_type), s.warmup + len(samples))
+
+
+def explained_s(overhead: Overhead, s: EvalSettings, samples: list[float], device_type: str) -> float:
+    """The longest wall a timing reported as `samples` can honestly take, before the margin. On a
+    GPU slot, max_calls calls at the report's median. On a CPU slot, the samples themselves (an
+    honest report's tail is in its wall too: a call that forks, on a loaded host, reported a 10 ms
+    median and took 32 ms a call) and the warm-up at their median, over calls_held calls: holding a
+    CPU report to max_calls at its median let a 20x lie (11 calls of at most 27) pass under load."""
+    median_s = sorted(samples)[len(samples) // 2] / 1e3
+    calls = calls_held(samples, s, device_type)
+    fixed = overhead.fixed_s + calls * (overhead.per_call_s + _launch_s(device_type))
+    if device_type == "cuda":
+        return fixed + calls * median_s
+    return fixed + sum(samples) / 1e3 + (calls - len(samples)) * median_s
 
 
 def check_report(timing: Any, wall_s: float, s: EvalSettings, overhead: Overhead, device_type: str) -> None:
@@ -102,12 +169,13 @@ def check_report(timing: Any, wall_s: float, s: EvalSettings, overhead: Overhead
         raise BoundBroken(Reason.BAD_TIMING_REPORT, "the executor's timing report is not a list of finite, non-negative "
                                                f"latencies of at most {max_calls(s, device_type)} calls")
     median_ms = sorted(samples)[len(samples) // 2]
+    explained = explained_s(overhead, s, samples, device_type)
     slack = BOUND_SLACK_S.get(device_type, BOUND_SLACK_S["cpu"])
-    allowed = BOUND_FACTOR * explained_s(overhead, s, median_ms, device_type) + slack
+    allowed = BOUND_FACTOR * explained + slack
     if wall_s > allowed:
         raise BoundBroken(Reason.TIMING_BELOW_OBSERVED, (
-            f"reported median {median_ms:.4g} ms over at most {max_calls(s, device_type)} calls explains "
-            f"{explained_s(overhead, s, median_ms, device_type) * 1e3:.1f} ms of wall (overhead "
+            f"reported median {median_ms:.4g} ms (mean {sum(samples) / len(samples):.4g} ms) over "
+            f"{calls_held(samples, s, device_type)} calls explains {explained * 1e3:.1f} ms of wall (overhead "
             f"{overhead.fixed_s * 1e3:.2f} ms + {overhead.per_call_s * 1e6:.1f} us/call + "
             f"{_launch_s(device_type) * 1e6:.0f} us/call launch); the supervisor observed "
             f"{wall_s * 1e3:.1f} ms (allowed {allowed * 1e3:.1f} ms: x{BOUND_FACTOR} + {slack * 1e3:.0f} ms)"))
@@ -126,26 +194,27 @@ def host_bound_timing(timing: Timing, wall_s: float, s: EvalSettings, overhead: 
 
 def bounded_time(time_once: Callable[[], Timing], s: EvalSettings, overhead: Optional[Overhead],
                  device_type: str, prepare: Optional[Callable[[], None]] = None,
-                 clock: Optional[Callable[[], float]] = None, busy: Optional[Callable[[], float]] = None) -> Timing:
-    """Time through `time_once` under the supervisor's clock (`clock`, the one the overhead was
-    calibrated with: the executor's CPU time on a CPU slot, else the wall); a broken bound is
-    retried (a hiccup of the host is not a verdict), prepared again by `prepare` so that the
-    retry's clock sees the calls alone, and raised after BOUND_ATTEMPTS, unless on a GPU slot
-    every attempt kept the executor's CPU (`busy`, its CPU seconds) busy for HOST_BOUND_SHARE of
-    the wall: then the timing at the supervisor's latency (host_bound_timing). Without an
-    overhead, no bound."""
-    clock = clock or _clock
+                 stopwatch: Optional[Stopwatch] = None, busy: Optional[Callable[[], float]] = None) -> Timing:
+    """Time through `time_once` under the supervisor's `stopwatch` (the kind the overhead was
+    calibrated with: fibray.workers.cpu_clock.ExecutorStopwatch on a CPU slot, else the wall); a
+    broken bound is retried (a hiccup of the host is not a verdict), prepared again by `prepare` so
+    that the retry's window sees the calls alone, and raised after BOUND_ATTEMPTS, unless on a GPU
+    slot every attempt kept the executor's CPU (`busy`, its CPU seconds) busy for HOST_BOUND_SHARE of
+    the wall: then the timing at the supervisor's latency (host_bound_timing). Without an overhead,
+    no bound."""
+    watch = stopwatch or WallStopwatch()
     walls: list[float] = []
     shares: list[float] = []
     for attempt in range(BOUND_ATTEMPTS):
         if attempt and prepare is not None:
             prepare()
         b0 = busy() if busy is not None else 0.0
-        t0 = clock()
+        watch.start()
         timing = time_once()
-        wall = clock() - t0
+        window = watch.stop()
         if overhead is None:
             return timing
+        wall = window.reading(overhead.quiet_switches)
         try:
             check_report(timing, wall, s, overhead, device_type)
             return timing
@@ -157,7 +226,7 @@ def bounded_time(time_once: Callable[[], Timing], s: EvalSettings, overhead: Opt
             if attempt == BOUND_ATTEMPTS - 1:
                 if device_type == "cuda" and min(shares) >= HOST_BOUND_SHARE:
                     return host_bound_timing(timing, min(walls), s, overhead, device_type)
-                raise
+                raise BoundBroken(e.reason, f"{e.message}; last {window}") from None
     raise AssertionError("unreachable")
 
 
@@ -198,24 +267,34 @@ def _calls_made(s: EvalSettings, device_type: str) -> int:
 
 
 def calibrate(side: TimingSide, s: EvalSettings, device_type: str, finish: Callable[[Job], None],
-              clock: Optional[Callable[[], float]] = None) -> Overhead:
-    """Fit fixed and per-call overhead from two honest timings of a copy kernel through `side`
-    (which must be pristine: no candidate has run in it), on the clock the bound will read."""
-    clock = clock or _clock
-    points = []
-    for iterations in (CALIBRATION_ITERATIONS[0], *CALIBRATION_ITERATIONS):  # the first warms the timer up
+              stopwatch: Optional[Stopwatch] = None) -> Overhead:
+    """Fit fixed and per-call overhead from honest timings of a copy kernel through `side` (which
+    must be pristine: no candidate has run in it), on the stopwatch the bound will read: the least
+    of CALIBRATION_REPEATS timings at each of two iteration counts (a host's hiccup only ever adds,
+    and an overhead it inflated would loosen every bound of the slot)."""
+    watch = stopwatch or WallStopwatch()
+    seen: list[list[tuple[int, Window, float]]] = []
+    for n, iterations in enumerate((CALIBRATION_ITERATIONS[0], *CALIBRATION_ITERATIONS)):  # the first warms up
         job = calibration_job(s, iterations)
         err = side.build(job)
         if err is not None:
             raise RuntimeError(f"the timing calibration kernel did not build: {err}")
-        side.prepare_time(job)
-        t0 = clock()
-        timing = side.time(job)
-        wall = clock() - t0
+        seen.append([])
+        for _ in range(CALIBRATION_REPEATS if n else 1):
+            side.prepare_time(job)
+            watch.start()
+            timing = side.time(job)
+            window = watch.stop()
+            median_s = sorted(timing.samples_ms)[len(timing.samples_ms) // 2] / 1e3
+            seen[-1].append((_calls_made(job.settings, device_type), window, median_s))
         finish(job)
-        median_s = sorted(timing.samples_ms)[len(timing.samples_ms) // 2] / 1e3
-        points.append((_calls_made(job.settings, device_type), wall, median_s))
-    (c1, w1, m1), (c2, w2, m2) = points[1:]
+    counted = [w.switches for point in seen for _, w, _ in point if w.switches is not None]
+    quiet = max(counted) if counted else None  # a window not counted (a slow host) is read on its wall
+
+    def least(point: list[tuple[int, Window, float]]) -> tuple[int, float, float]:
+        return min(((c, w.reading(quiet), m) for c, w, m in point), key=lambda p: p[1] - p[0] * p[2])
+
+    (c1, w1, m1), (c2, w2, m2) = least(seen[1]), least(seen[2])
     per_call = max(0.0, (w2 - c2 * m2 - (w1 - c1 * m1)) / (c2 - c1))
     fixed = max(0.0, w1 - c1 * (m1 + per_call))
-    return Overhead(fixed_s=fixed, per_call_s=per_call)
+    return Overhead(fixed_s=fixed, per_call_s=per_call, quiet_switches=quiet)

@@ -1,7 +1,8 @@
 """The timing bound's clock on a CPU slot: the supervisor's wall clock less the time the kernel
 kept the executor's main thread waiting for a core that the executor's own threads did not take
 (schedstat's run-queue wait and the kernel's CPU clocks, read from /proc: kernel accounting the
-candidate cannot rebind).
+candidate cannot rebind); and, for a window in which the executor's main thread never slept, the
+executor's CPU time (ExecutorStopwatch).
 
 On a loaded host (a CI machine with many jobs per core) the plain wall around a timing request
 grew with the waits between an honest executor's calls, and honest reports broke the bound; the
@@ -17,7 +18,15 @@ import time
 from pathlib import Path
 from typing import Callable, Optional
 
+from fibray.timing.bound import Window
 from fibray.workers.process.sandbox import stat_fields
+
+SETTLE_S = 0.1
+"""How long ExecutorStopwatch waits for the executor's main thread to block (in its next read of the
+channel, right after its reply) before it reads the kernel's counters: until then the switch that
+ends the window may not be counted yet. Usually a fraction of a millisecond; under two busy rivals
+on a two-core host 20 ms was sometimes too short. A thread that does not block in time leaves the
+window on the wall reading."""
 
 
 def _schedstat(pid: int) -> tuple[float, float]:
@@ -77,3 +86,61 @@ def process_cpu_clock(pid: int) -> Optional[Callable[[], float]]:
             return 0.0
 
     return read
+
+
+def _voluntary_switches(pid: int) -> Optional[int]:
+    """Voluntary context switches of the main thread of `pid` (each sleep, each block), None where unreadable."""
+    try:
+        for line in Path(f"/proc/{pid}/task/{pid}/status").read_text().splitlines():
+            if line.startswith("voluntary_ctxt_switches:"):
+                return int(line.split()[1])
+    except (OSError, ValueError):
+        pass
+    return None
+
+
+def _settled(pid: int, timeout_s: float = SETTLE_S) -> bool:
+    """Wait (spinning on /proc) until the main thread of `pid` sleeps; False if it did not in `timeout_s`."""
+    end = time.perf_counter() + timeout_s
+    while True:
+        try:
+            data = Path(f"/proc/{pid}/task/{pid}/stat").read_bytes()
+            if data[data.rindex(b")") + 2:][:1] == b"S":
+                return True
+        except (OSError, ValueError):
+            return False
+        if time.perf_counter() >= end:
+            return False
+
+
+class ExecutorStopwatch:
+    """The timing bound's window on a CPU slot (fibray.timing.bound.Stopwatch), around one request to
+    the executor `pid`: the unloaded clock's reading (wall less the host's run-queue waits), the
+    executor's CPU time (every thread, and the children it collected) and its main thread's voluntary
+    context switches, read from the kernel once that thread sleeps again after its reply.
+
+    A window whose main thread slept no more than an honest request makes it (reading the request,
+    blocking for the next) is held to the lesser of the two (Window.reading): that thread was on a
+    core or waiting for one all along, so its calls' latency is CPU time, and what the wall adds is
+    the host's (a hypervisor's stolen time, the supervisor's own wait for a core or a lock after the
+    reply), which broke the bound of honest reports on a CI host. A candidate that sleeps, to wait
+    for work it hid or to look cheap, is read on the wall: every sleep is a voluntary switch the
+    kernel counts. Never run in an executor."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self._unloaded = unloaded_clock(pid)
+        self._total = process_cpu_clock(pid)
+
+    def _cpu(self) -> float:
+        own = self._total() if self._total is not None else _schedstat(self.pid)[0]
+        return own + waited_children_cpu_s(self.pid)
+
+    def start(self) -> None:
+        self._v0 = _voluntary_switches(self.pid) if _settled(self.pid) else None
+        self._c0, self._u0 = self._cpu(), self._unloaded()
+
+    def stop(self) -> Window:
+        v1 = _voluntary_switches(self.pid) if _settled(self.pid) else None
+        return Window(wall_s=self._unloaded() - self._u0, cpu_s=self._cpu() - self._c0,
+                      switches=v1 - self._v0 if v1 is not None and self._v0 is not None else None)

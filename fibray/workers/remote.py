@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Callable, Optional
+from typing import Optional
 
 from fibray import deadlines
 from fibray.compile import BuildError
@@ -20,6 +20,7 @@ from fibray.evaluate.run import CandidateCallFailed, Judge, SideFault
 from fibray.schema import EvaluationStatus, Job
 from fibray.schema.reasons import POISONING_REASONS, Reason
 from fibray.timing import Timing
+from fibray.timing.bound import Stopwatch
 from fibray.workers.cpu_clock import process_cpu_clock
 from fibray.workers.process import sandbox
 from fibray.workers.quiesce import Quiet
@@ -46,10 +47,10 @@ class RemoteCalls:
     """run_job's candidate side, answered by an executor process under deadlines."""
 
     def __init__(self, ex: sandbox.Executor, job: Job, phase: Phases, quiet: Optional[Quiet] = None,
-                 bound_clock: Optional[Callable[[], float]] = None) -> None:
+                 stopwatch: Optional[Stopwatch] = None) -> None:
         self.ex, self.job, self.phase, self.quiet = ex, job, phase, quiet
-        self.bound_clock = bound_clock
-        """The clock the timing bound reads (the executor's CPU time on a CPU slot; None: the wall)."""
+        self.stopwatch = stopwatch
+        """What the timing bound reads around a request (ExecutorStopwatch on a CPU slot; None: the wall)."""
         self.run_spent = 0.0
         """Seconds the executor has spent on this job's run requests: the run deadline counts these
         only, not the time the job waited between them, nor the time it was stopped (other lanes' timings)."""

@@ -14,7 +14,7 @@ import socket
 import threading
 import time
 from contextlib import AbstractContextManager
-from typing import Callable, Optional
+from typing import Optional
 
 import torch
 
@@ -29,7 +29,7 @@ from fibray.evaluate.phases import Phases
 from fibray.schema import EvalSettings, Evaluation, EvaluationStatus, Job, JobResult
 from fibray.timing.bound import Overhead, calibrate, calibration_job
 from fibray.timing.roofline import device_caps
-from fibray.workers.cpu_clock import unloaded_clock
+from fibray.workers.cpu_clock import ExecutorStopwatch
 from fibray.workers.gpu_lock import GpuLock, LaneGpu
 from fibray.workers.process import sandbox
 from fibray.workers.process.forkserver import ForkedProcess
@@ -273,13 +273,13 @@ class GpuSlot:
     def _calibration_key(self, s: EvalSettings) -> tuple:
         return (s.flush_l2, s.sync_device) if self.device.type == "cuda" else ()
 
-    def _bound_clock(self, ex: sandbox.Executor) -> Optional[Callable[[], float]]:
-        """On a CPU slot the bound's clock leaves out the time a loaded host keeps the executor off a
-        core (honest reports broke the plain wall's bound on a busy machine); on a GPU slot the timed
-        window holds the GPU alone and the wall is read."""
+    def _stopwatch(self, ex: sandbox.Executor) -> Optional[ExecutorStopwatch]:
+        """On a CPU slot the bound's window leaves out the time a loaded host keeps the executor off a
+        core, or its supervisor from reading the reply (honest reports broke the plain wall's bound on a
+        busy machine); on a GPU slot the timed window holds the GPU alone and the wall is read."""
         if self.device.type != "cpu":
             return None
-        return unloaded_clock(ex.executor_pid())
+        return ExecutorStopwatch(ex.executor_pid())
 
     def _overhead_for(self, s: EvalSettings, pristine: Optional[sandbox.Executor] = None) -> Overhead:
         """The per-slot timing overhead for this timing mode, calibrated once on an executor no
@@ -291,14 +291,14 @@ class GpuSlot:
             ex = pristine if pristine is not None else self._take_fresh()
             try:
                 first = calibration_job(s, 1)
-                calls = CalibrationSide(RemoteCalls(ex, first, Phases(), self.quiet, self._bound_clock(ex)), self.judge)
+                calls = CalibrationSide(RemoteCalls(ex, first, Phases(), self.quiet, self._stopwatch(ex)), self.judge)
 
                 def finish(job: Job) -> None:
                     send(ex.conn, Request(Op.FINISH, job))
                     recv(ex.conn, time.monotonic() + deadlines.HEALTH_S, ex.arena)
 
                 with self.gpu.hold(Phases(), "calibration", exclusive=True, keep=ex):
-                    self.overheads[key] = calibrate(calls, s, self.device.type, finish, calls.calls.bound_clock)
+                    self.overheads[key] = calibrate(calls, s, self.device.type, finish, calls.calls.stopwatch)
             finally:
                 if pristine is None:
                     with self._lock:
@@ -392,7 +392,7 @@ class GpuSlot:
                          phases=phase)
 
     def _run(self, ex: sandbox.Executor, job: Job, phase: Phases) -> tuple[Optional[Evaluation], Optional[ExecutorFault]]:
-        calls = RemoteCalls(ex, job, phase, self.quiet, self._bound_clock(ex))
+        calls = RemoteCalls(ex, job, phase, self.quiet, self._stopwatch(ex))
         with phase("calibration"):
             overhead = self._overhead_for(job.settings)
         try:
