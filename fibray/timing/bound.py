@@ -125,6 +125,10 @@ class WallStopwatch:
         return Window(_clock() - self._t0)
 
 
+def _median(samples: list[float]) -> float:
+    return sorted(samples)[len(samples) // 2]
+
+
 def max_calls(s: EvalSettings, device_type: str) -> int:
     """The most calls a timing request makes: warm-up, stream-timed, device-wide."""
     timed = s.iterations * s.trials + max(s.trials, MAX_EXTRA_SETS)
@@ -152,7 +156,7 @@ def explained_s(overhead: Overhead, s: EvalSettings, samples: list[float], devic
     honest report's tail is in its wall too: a call that forks, on a loaded host, reported a 10 ms
     median and took 32 ms a call) and the warm-up at their median, over calls_held calls: holding a
     CPU report to max_calls at its median let a 20x lie (11 calls of at most 27) pass under load."""
-    median_s = sorted(samples)[len(samples) // 2] / 1e3
+    median_s = _median(samples) / 1e3
     calls = calls_held(samples, s, device_type)
     fixed = overhead.fixed_s + calls * (overhead.per_call_s + _launch_s(device_type))
     if device_type == "cuda":
@@ -168,7 +172,7 @@ def check_report(timing: Any, wall_s: float, s: EvalSettings, overhead: Overhead
             or not all(isinstance(v, float) and math.isfinite(v) and v >= 0 for v in samples)):
         raise BoundBroken(Reason.BAD_TIMING_REPORT, "the executor's timing report is not a list of finite, non-negative "
                                                f"latencies of at most {max_calls(s, device_type)} calls")
-    median_ms = sorted(samples)[len(samples) // 2]
+    median_ms = _median(samples)
     explained = explained_s(overhead, s, samples, device_type)
     slack = BOUND_SLACK_S.get(device_type, BOUND_SLACK_S["cpu"])
     allowed = BOUND_FACTOR * explained + slack
@@ -186,7 +190,7 @@ def host_bound_timing(timing: Timing, wall_s: float, s: EvalSettings, overhead: 
     overheads taken out; the report's spread kept), mode "<mode>+host_bound"."""
     per_call_ms = max(0.0, (wall_s - overhead.fixed_s) / max_calls(s, device_type) - overhead.per_call_s
                       - _launch_s(device_type)) * 1e3
-    median_ms = sorted(timing.samples_ms)[len(timing.samples_ms) // 2]
+    median_ms = _median(timing.samples_ms)
     samples = ([v * per_call_ms / median_ms for v in timing.samples_ms] if median_ms > 0
                else [per_call_ms] * len(timing.samples_ms))
     return Timing(samples, f"{timing.mode}+host_bound", timing.sync_overhead_ms, timing.queued)
@@ -285,7 +289,7 @@ def calibrate(side: TimingSide, s: EvalSettings, device_type: str, finish: Calla
             watch.start()
             timing = side.time(job)
             window = watch.stop()
-            median_s = sorted(timing.samples_ms)[len(timing.samples_ms) // 2] / 1e3
+            median_s = _median(timing.samples_ms) / 1e3
             seen[-1].append((_calls_made(job.settings, device_type), window, median_s))
         finish(job)
     counted = [w.switches for point in seen for _, w, _ in point if w.switches is not None]

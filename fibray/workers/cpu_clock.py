@@ -1,8 +1,8 @@
 """The timing bound's clock on a CPU slot: the supervisor's wall clock less the time the kernel
 kept the executor's main thread waiting for a core that the executor's own threads did not take
 (schedstat's run-queue wait and the kernel's CPU clocks, read from /proc: kernel accounting the
-candidate cannot rebind); and, for a window in which the executor's main thread never slept, the
-executor's CPU time (ExecutorStopwatch).
+candidate cannot rebind); and, for a window in which the executor's main thread slept no more often
+than an honest request makes it, the executor's CPU time (ExecutorStopwatch).
 
 On a loaded host (a CI machine with many jobs per core) the plain wall around a timing request
 grew with the waits between an honest executor's calls, and honest reports broke the bound; the
@@ -104,10 +104,9 @@ def _settled(pid: int, timeout_s: float = SETTLE_S) -> bool:
     end = time.perf_counter() + timeout_s
     while True:
         try:
-            data = Path(f"/proc/{pid}/task/{pid}/stat").read_bytes()
-            if data[data.rindex(b")") + 2:][:1] == b"S":
+            if stat_fields(pid)[0] == b"S":  # the process's state is its main thread's
                 return True
-        except (OSError, ValueError):
+        except (OSError, ValueError, IndexError):
             return False
         if time.perf_counter() >= end:
             return False
