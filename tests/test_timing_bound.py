@@ -144,6 +144,24 @@ def test_an_honest_slow_kernel_passes_with_its_true_latency(slot):
     assert ev.performance.latency_ms >= 20.0
 
 
+@pytest.mark.slow
+def test_a_broken_bound_beside_processes_left_running_names_those_processes(slot):
+    """Processes a candidate leaves running compete with its timed calls (seen in CI: the orphan
+    child's interpreters, started once a call, stretched its wall past the bound); the verdict names
+    the processes, the root cause, and keeps what the bound saw. A liar that leaves one fails either way."""
+    sol = _candidate("timer_rebinding")
+    raw = sol.model_dump(mode="json")
+    raw["name"] = "liar_with_orphan"
+    raw["sources"][0]["content"] = sol.sources[0].content.replace(
+        "    time.sleep(0.02)",
+        "    import subprocess, sys\n"
+        "    subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'], start_new_session=True)\n"
+        "    time.sleep(0.02)")
+    ev = slot.evaluate(_job(Solution.model_validate(raw)), "persistent", now_iso()).evaluation
+    assert (ev.status.value, ev.reason) == ("RUNTIME_ERROR", "left_child_process"), ev.log[-800:]
+    assert "process(es) running" in ev.log and "supervisor observed" in ev.log, ev.log[-800:]
+
+
 def _honest(name: str = "rmsnorm_h4096_torch") -> Solution:
     return Solution.model_validate(json.loads((REPO / "solutions" / "rmsnorm" / "rmsnorm_h4096" / f"{name}.json").read_text()))
 

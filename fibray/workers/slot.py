@@ -382,10 +382,13 @@ class GpuSlot:
             with self._lock:
                 self.counters["strays_killed"] += len(left)
         if strays or left:
-            if evaluation.status == Status.PASSED:
+            # processes that outlive the window ran beside the timed calls: they, not the report, may be
+            # what broke the timing bound, so the verdict names them (a failure either way)
+            if evaluation.status == Status.PASSED or evaluation.reason == Reason.TIMING_BELOW_OBSERVED:
+                also = "" if evaluation.status == Status.PASSED else f"; they ran beside its timed calls: {evaluation.log}"
                 evaluation = self.judge.fail(Status.RUNTIME_ERROR, Reason.LEFT_CHILD_PROCESS,
-                                             f"the candidate left {len(set(strays) | set(left))} process(es) running; killed",
-                                             job.settings)
+                                             f"the candidate left {len(set(strays) | set(left))} process(es) running; "
+                                             f"killed{also}", job.settings)
         return JobResult(job_id=job.job_id, evaluation=evaluation, worker=self.name, isolation=isolation,
                          attempt=job.attempt, started_at=started_at, finished_at=now_iso(), escalated=escalated,
                          network_isolated=ex.network_isolated, privileges_dropped=ex.privileges_dropped, checks=self.checks,
