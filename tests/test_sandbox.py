@@ -264,3 +264,63 @@ def test_what_an_executor_leaves_behind_dies_with_it():
     while uids_running(DEFAULT_UID_RANGE[0]):  # the orphan went with its namespace's first process
         assert time.monotonic() < deadline, "an orphan outlived its executor"
         time.sleep(0.05)
+
+
+_HIDE_AND_LEAVE = """
+import os, signal, time
+signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the kernel collects the child: its CPU time comes back to no one
+if os.fork() == 0:
+    t = time.thread_time()
+    while time.thread_time() - t < 0.2:
+        pass
+    os._exit(0)
+time.sleep(0.5)
+try:
+    with open({parent!r}, "w") as f:
+        f.write("0")  # leave the cgroup for the one above it
+    print("left")
+except OSError as e:
+    print(type(e).__name__)
+"""
+
+
+def test_what_an_executor_starts_is_counted_in_a_cgroup_it_cannot_leave():
+    from fibray.workers.process.cgroup import ExecutorCgroup
+
+    cg = ExecutorCgroup.create()
+    if cg is None:
+        pytest.skip("no writable cgroup hierarchy (fibray not root)")
+    try:
+        argv = sandbox_argv(max_open_files=256, max_processes=256, memory_limit_bytes=None, cpu_seconds=None,
+                            netns=False, uid=DEFAULT_UID_RANGE[0], pidns=False, cgroup=cg.procs_file)
+        code = _HIDE_AND_LEAVE.format(parent=str(cg.h.base / "cgroup.procs"))
+        out = subprocess.run([*argv, sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0 and out.stdout.strip() == "PermissionError", out
+        assert cg.usage_s() >= 0.2  # the child's work, though nobody waited for it
+    finally:
+        assert cg.remove()
+
+
+def test_a_cpu_executor_is_in_its_own_cgroup_until_it_is_retired():
+    ex = sandbox.spawn("cpu", reachable_tmpdir("fibray-cgroup-"), sandbox.SandboxPolicy(), single_use=True)
+    try:
+        recv(ex.conn, time.monotonic() + 120, ex.arena)
+        if ex.cgroup is None:
+            from fibray.workers.process.cgroup import hierarchy
+
+            assert hierarchy() is None  # only where none can be made
+            pytest.skip("no writable cgroup hierarchy (fibray not root)")
+        assert ex.cgroup.pids() == [ex.executor_pid()]  # the executor alone: not its relay
+        path = ex.cgroup.path
+    finally:
+        sandbox.retire(ex)
+    assert not path.exists()
+
+
+def test_an_executor_that_cannot_join_its_cgroup_does_not_start(tmp_path):
+    argv = sandbox_argv(max_open_files=256, max_processes=256, memory_limit_bytes=None, cpu_seconds=None,
+                        netns=False, uid=None, pidns=False, cgroup=str(tmp_path / "missing" / "cgroup.procs"))
+    out = subprocess.run([*argv, sys.executable, "-c", "print('ran')"], capture_output=True, text=True, timeout=60)
+    from fibray.workers.process.cgroup import CGROUP_REFUSED
+
+    assert out.returncode == CGROUP_REFUSED and "ran" not in out.stdout

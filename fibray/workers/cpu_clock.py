@@ -1,20 +1,23 @@
 """The timing bound's clock on a CPU slot: the supervisor's wall clock less the time the kernel
-kept the executor's main thread waiting for a core that the executor's own threads did not take
-(schedstat's run-queue wait and the kernel's CPU clocks, read from /proc: kernel accounting the
+kept the executor's main thread waiting for a core that the executor's own processes did not take
+(schedstat's run-queue wait against the CPU time of the executor's cgroup: kernel accounting the
 candidate cannot rebind); and, for a window in which the executor's main thread slept no more often
-than an honest request makes it, the executor's CPU time (ExecutorStopwatch).
+than an honest request makes it, the cgroup's CPU time (ExecutorStopwatch).
 
 On a loaded host (a CI machine with many jobs per core) the plain wall around a timing request
 grew with the waits between an honest executor's calls, and honest reports broke the bound; the
 waits are the host's, not the candidate's, so they are taken out. Time the executor spends on a
-core or asleep (a kernel that sleeps to look cheap) stays in. Never run in an executor.
+core or asleep (a kernel that sleeps to look cheap) stays in, and so does the CPU time of every
+process it starts: they are all in its cgroup (fibray.workers.process.cgroup), those the kernel
+collected without telling it included. Without a cgroup the window is the plain wall. Never run
+in an executor.
 """
 
 from __future__ import annotations
 
 import ctypes
-import os
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -36,35 +39,6 @@ def _schedstat(pid: int) -> tuple[float, float]:
         return int(on_cpu) / 1e9, int(waited) / 1e9
     except (OSError, ValueError):
         return 0.0, 0.0
-
-
-def waited_children_cpu_s(pid: int) -> float:
-    """CPU seconds of the children `pid` has waited for (cutime + cstime; clock ticks)."""
-    try:
-        fields = stat_fields(pid)
-        return (int(fields[13]) + int(fields[14])) / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError):
-        return 0.0
-
-
-def unloaded_clock(pid: int) -> Callable[[], float]:
-    """A monotonic clock that stands still while the host keeps `pid`'s main thread off a core, but
-    not while the process's own threads (and the children it collected) do: wall - max(0, main
-    thread's run-queue wait - CPU of the process's other threads and waited-for children).
-
-    A candidate that lowers its main thread's priority and hands its work to threads of its own
-    makes its main thread wait for a core as a loaded host does; that wait is its own doing and is
-    counted (`offender_hides_behind_threads`). The cap keeps the reading at or below the plain wall:
-    an honest multi-threaded candidate on an idle host reads the wall, as before. Children that
-    are collected automatically (SIGCHLD ignored) leave no CPU time to add: not covered."""
-    total = process_cpu_clock(pid)
-
-    def read() -> float:
-        on_cpu, waited = _schedstat(pid)
-        others = (max(0.0, total() - on_cpu) if total is not None else 0.0) + waited_children_cpu_s(pid)
-        return time.perf_counter() - max(0.0, waited - others)
-
-    return read
 
 
 def process_cpu_clock(pid: int) -> Optional[Callable[[], float]]:
@@ -112,11 +86,39 @@ def _settled(pid: int, timeout_s: float = SETTLE_S) -> bool:
             return False
 
 
+@dataclass(frozen=True)
+class _Counters:
+    wall: float
+    on_cpu: float
+    """Seconds the executor's main thread has run."""
+    waited: float
+    """Seconds the executor's main thread has waited for a core."""
+    account: float
+    """CPU seconds of every process in the executor's cgroup, exited ones included."""
+
+
+def _counters(pid: int, account: Callable[[], float]) -> _Counters:
+    on_cpu, waited = _schedstat(pid)
+    return _Counters(time.perf_counter(), on_cpu, waited, account())
+
+
+def unloaded_s(a: _Counters, b: _Counters) -> float:
+    """The wall from `a` to `b` less the main thread's run-queue wait that the rest of the executor (its
+    other threads and processes: the cgroup less the main thread) does not explain.
+
+    A candidate that lowers its main thread's priority and hands its work to threads or processes of
+    its own makes its main thread wait for a core as a loaded host does; that wait is its own doing
+    and is counted (`offender_hides_behind_threads`, `offender_hides_in_reaped_children`). The cap
+    keeps the reading at or below the plain wall."""
+    others = max(0.0, (b.account - a.account) - (b.on_cpu - a.on_cpu))
+    return (b.wall - a.wall) - max(0.0, (b.waited - a.waited) - others)
+
+
 class ExecutorStopwatch:
     """The timing bound's window on a CPU slot (fibray.timing.bound.Stopwatch), around one request to
-    the executor `pid`: the unloaded clock's reading (wall less the host's run-queue waits), the
-    executor's CPU time (every thread, and the children it collected) and its main thread's voluntary
-    context switches, read from the kernel once that thread sleeps again after its reply.
+    the executor `pid` whose cgroup's CPU seconds `account` reads: the wall less the host's run-queue
+    waits (unloaded_s), the cgroup's CPU time and the main thread's voluntary context switches, read
+    from the kernel once that thread sleeps again after its reply.
 
     A window whose main thread slept no more than an honest request makes it (reading the request,
     blocking for the next) is held to the lesser of the two (Window.reading): that thread was on a
@@ -124,22 +126,23 @@ class ExecutorStopwatch:
     the host's (a hypervisor's stolen time, the supervisor's own wait for a core or a lock after the
     reply), which broke the bound of honest reports on a CI host. A candidate that sleeps, to wait
     for work it hid or to look cheap, is read on the wall: every sleep is a voluntary switch the
-    kernel counts. Never run in an executor."""
+    kernel counts. Without `account` (no cgroup could be made: the work of children the kernel
+    collects would go uncounted) the window is the plain wall. Never run in an executor."""
 
-    def __init__(self, pid: int) -> None:
-        self.pid = pid
-        self._unloaded = unloaded_clock(pid)
-        self._total = process_cpu_clock(pid)
-
-    def _cpu(self) -> float:
-        own = self._total() if self._total is not None else _schedstat(self.pid)[0]
-        return own + waited_children_cpu_s(self.pid)
+    def __init__(self, pid: int, account: Optional[Callable[[], float]]) -> None:
+        self.pid, self.account = pid, account
 
     def start(self) -> None:
+        if self.account is None:
+            self._t0 = time.perf_counter()
+            return
         self._v0 = _voluntary_switches(self.pid) if _settled(self.pid) else None
-        self._c0, self._u0 = self._cpu(), self._unloaded()
+        self._c0 = _counters(self.pid, self.account)
 
     def stop(self) -> Window:
+        if self.account is None:
+            return Window(wall_s=time.perf_counter() - self._t0)
         v1 = _voluntary_switches(self.pid) if _settled(self.pid) else None
-        return Window(wall_s=self._unloaded() - self._u0, cpu_s=self._cpu() - self._c0,
+        c1 = _counters(self.pid, self.account)
+        return Window(wall_s=unloaded_s(self._c0, c1), cpu_s=c1.account - self._c0.account,
                       switches=v1 - self._v0 if v1 is not None and self._v0 is not None else None)

@@ -9,6 +9,7 @@ an executor past its deadline is killed with its whole process tree.
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import threading
@@ -41,11 +42,15 @@ from fibray.workers.quiesce import Quiet
 from fibray.workers.process.channel import ChannelClosed, DeadlineExceeded, Health, Hello, Op, Request, expect, recv, send
 
 Status = EvaluationStatus
+log = logging.getLogger(__name__)
 
 
 class NoExecutor(RuntimeError):
     """No usable executor could be had for a job (it failed to start, or died before its job)."""
 
+
+_NO_CGROUP_SAID: list[bool] = []
+"""Non-empty once a CPU slot said that its executors have no cgroup (said once a process)."""
 
 _LYING_REASONS = frozenset({Reason.TIMING_BELOW_OBSERVED, Reason.BAD_TIMING_REPORT, Reason.WORK_LEFT_RUNNING})
 """Verdicts that prove the executor's own code was rebound: it serves no further job."""
@@ -279,7 +284,12 @@ class GpuSlot:
         busy machine); on a GPU slot the timed window holds the GPU alone and the wall is read."""
         if self.device.type != "cpu":
             return None
-        return ExecutorStopwatch(ex.executor_pid())
+        if ex.cgroup is None and not _NO_CGROUP_SAID:
+            _NO_CGROUP_SAID.append(True)
+            log.warning("no cgroup could be made for CPU accounting (fibray runs unprivileged, or no cgroup "
+                        "hierarchy is writable): a CPU slot's timing bound reads the plain wall, and honest "
+                        "reports may break it on a loaded host")
+        return ExecutorStopwatch(ex.executor_pid(), ex.cgroup.usage_s if ex.cgroup is not None else None)
 
     def _overhead_for(self, s: EvalSettings, pristine: Optional[sandbox.Executor] = None) -> Overhead:
         """The per-slot timing overhead for this timing mode, calibrated once on an executor no

@@ -38,11 +38,13 @@ PIDNS_REFUSED = 122
 
 
 def sandbox_spec(*, max_open_files: int, max_processes: int, memory_limit_bytes: int | None,
-                 cpu_seconds: int | None, netns: bool, uid: int | None, pidns: bool = False) -> dict:
+                 cpu_seconds: int | None, netns: bool, uid: int | None, pidns: bool = False,
+                 cgroup: str | None = None) -> dict:
     """What `apply` puts in force (a JSON object); `parent` is the process that starts the launcher
-    (a fork server replaces it with its own pid: it is the forked executor's parent)."""
+    (a fork server replaces it with its own pid: it is the forked executor's parent); `cgroup` is the
+    cgroup.procs file of the executor's CPU-accounting cgroup (fibray.workers.process.cgroup)."""
     return {"nofile": max_open_files, "nproc": max_processes, "as": memory_limit_bytes, "cpu": cpu_seconds,
-            "netns": netns, "uid": uid, "pidns": pidns, "parent": os.getpid()}
+            "netns": netns, "uid": uid, "pidns": pidns, "cgroup": cgroup, "parent": os.getpid()}
 
 
 def launcher_argv(spec: dict) -> list[str]:
@@ -95,7 +97,7 @@ def _enter_pid_namespace(libc, parent: int) -> int:
 
 
 def apply(spec: dict) -> None:
-    """A new network namespace, a new PID namespace, limits, an unprivileged uid. (The supervisor's
+    """A new network namespace, a new PID namespace, its cgroup, limits, an unprivileged uid. (The supervisor's
     threads never see a parent-death signal: Linux sends it when the *thread* that started the
     process ends, and lanes start executors that other lanes' jobs use; the executor watches its
     parent instead, see fibray.workers.process.executor. Only the single-threaded relay arms one.)"""
@@ -105,6 +107,10 @@ def apply(spec: dict) -> None:
     if os.getppid() != spec["parent"]:  # the supervisor is gone already: nobody to serve
         os._exit(1)
     relay_gone = _enter_pid_namespace(libc, spec["parent"]) if spec.get("pidns") else None  # limits below: the executor's
+    if spec.get("cgroup"):  # while still root: the candidate's uid cannot leave it
+        from fibray.workers.process.cgroup import join
+
+        join(spec["cgroup"])
     resource.setrlimit(resource.RLIMIT_NOFILE, (spec["nofile"], spec["nofile"]))
     resource.setrlimit(resource.RLIMIT_NPROC, (spec["nproc"], spec["nproc"]))
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))

@@ -29,6 +29,7 @@ import fibray
 from fibray import deadlines
 from fibray.workers.process import executor
 from fibray.workers.process.arena import ARENA_BYTES, Arena
+from fibray.workers.process.cgroup import CGROUP_REFUSED, ExecutorCgroup
 from fibray.workers.process.forkserver import ForkServer, ForkServerGone
 from fibray.workers.process.launch import NETNS_REFUSED, PIDNS_REFUSED, launcher_argv, sandbox_argv, sandbox_spec
 from fibray.schema.reasons import Reason
@@ -193,6 +194,8 @@ class Executor:
     """The executor is pid 1 of a namespace of its own; `proc` is the launcher that relays for it."""
     uid: Optional[UidLease] = None
     """The uid this executor alone runs as (released when it is retired)."""
+    cgroup: Optional[ExecutorCgroup] = None
+    """The CPU-accounting cgroup it and everything it starts are in (CPU slots; removed when it is retired)."""
     solution: Optional[str] = None
     """Hash of the one solution this executor serves (set by its first job); it is retired before another."""
     started: float = field(default_factory=time.monotonic)
@@ -243,6 +246,8 @@ class Executor:
             return Reason.SANDBOX_FAILED, "network namespace could not be created"
         if code == PIDNS_REFUSED and self.pid_namespace:
             return Reason.SANDBOX_FAILED, "PID namespace could not be created"
+        if code == CGROUP_REFUSED and self.cgroup is not None:
+            return Reason.SANDBOX_FAILED, f"the executor could not join its cgroup {self.cgroup.path}"
         return Reason.CRASHED, f"executor exited with status {code}"
 
 
@@ -307,9 +312,10 @@ def spawn(device: str, base_dir: Path, policy: SandboxPolicy, single_use: bool,
     env = _executor_env(device, workdir, policy)
     limits = policy if device == "cpu" else SandboxPolicy(**{**policy.__dict__, "memory_limit_bytes": None})
     arena = Arena.create(policy.arena_bytes) if policy.arena_bytes else None
+    cgroup = ExecutorCgroup.create() if device == "cpu" else None  # what a CPU slot's timing bound reads
     spec = sandbox_spec(max_open_files=limits.max_open_files, max_processes=limits.max_processes,
                         memory_limit_bytes=limits.memory_limit_bytes, cpu_seconds=limits.cpu_seconds,
-                        netns=netns, uid=uid, pidns=pidns)
+                        netns=netns, uid=uid, pidns=pidns, cgroup=cgroup.procs_file if cgroup is not None else None)
     try:
         proc = _forked(server, spec, env, workdir, device, theirs, side_theirs, arena) if server is not None else None
         if proc is None:
@@ -326,13 +332,15 @@ def spawn(device: str, base_dir: Path, policy: SandboxPolicy, single_use: bool,
             arena.close()
         if lease is not None:
             lease.release()
+        if cgroup is not None:
+            cgroup.remove(0)
         raise
     finally:
         theirs.close()
         side_theirs.close()
     ex = Executor(proc=proc, conn=Connection(ours.detach()), workdir=workdir, single_use=single_use,
                   network_isolated=netns, privileges_dropped=uid is not None, pid_namespace=pidns, uid=lease,
-                  arena=arena, quiesce=side_ours)
+                  cgroup=cgroup, arena=arena, quiesce=side_ours)
     ex.drainer = threading.Thread(target=_drain, args=(ex,), daemon=True)
     ex.drainer.start()
     return ex
@@ -523,6 +531,13 @@ def retire(ex: Executor, wait_s: float = deadlines.RETIRE_EXIT_S) -> None:
     if ex.arena is not None:
         ex.arena.close()
         ex.arena = None
+    if ex.cgroup is not None:  # whatever it started still runs in its cgroup, wherever it re-parented
+        for pid in ex.cgroup.pids():
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        ex.cgroup.remove()
     if ex.uid is not None:
         ex.uid.release()  # whatever still runs as its uid (escaped its tree) dies here
     import shutil
