@@ -284,12 +284,20 @@ except OSError as e:
 """
 
 
-def test_what_an_executor_starts_is_counted_in_a_cgroup_it_cannot_leave():
+def _hierarchies() -> list:
+    from fibray.workers.process.cgroup import hierarchies
+
+    return [pytest.param(h, id="v2" if h.v2 else "v1") for h in hierarchies()] or [
+        pytest.param(None, marks=pytest.mark.skip(reason="no cgroup hierarchy counts CPU time here"))]
+
+
+@pytest.mark.parametrize("h", _hierarchies())
+def test_what_an_executor_starts_is_counted_in_a_cgroup_it_cannot_leave(h):
     from fibray.workers.process.cgroup import ExecutorCgroup
 
-    cg = ExecutorCgroup.create()
+    cg = ExecutorCgroup.create(h)
     if cg is None:
-        pytest.skip("no writable cgroup hierarchy (fibray not root)")
+        pytest.skip(f"cannot make a cgroup in {h.base} (fibray not root)")
     try:
         argv = sandbox_argv(max_open_files=256, max_processes=256, memory_limit_bytes=None, cpu_seconds=None,
                             netns=False, uid=DEFAULT_UID_RANGE[0], pidns=False, cgroup=cg.procs_file)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,7 +44,7 @@ def _own_path(v2: bool, controller: str) -> Optional[str]:
     return None
 
 
-def _hierarchies() -> list[Hierarchy]:
+def hierarchies() -> list[Hierarchy]:
     """cgroup v2, then v1 cpuacct, each where this process sits in it (from /proc/self/mountinfo)."""
     found: list[Hierarchy] = []
     try:
@@ -93,35 +94,38 @@ def _remove_stale(h: Hierarchy) -> None:
 
 
 _HIERARCHY: list[Optional[Hierarchy]] = []
+_PROBING = threading.Lock()  # lanes spawn executors from several threads
 _SERIAL = itertools.count()
 
 
 def hierarchy() -> Optional[Hierarchy]:
     """The first hierarchy where this process can make a cgroup and read its CPU usage (None: none;
     for example not root and no delegated subtree). Probed once a process."""
-    if not _HIERARCHY:
-        usable = None
-        for h in _hierarchies():
-            probe = h.base / f"fibray-probe-{os.getpid()}"
-            try:
-                probe.mkdir()
-            except OSError:
-                continue
-            try:
-                _usage_s(h, probe)
-                usable = h
-            except (OSError, ValueError):
-                pass
-            finally:
-                try:
-                    probe.rmdir()
-                except OSError:
-                    pass
-            if usable is not None:
-                _remove_stale(usable)
-                break
-        _HIERARCHY.append(usable)
+    with _PROBING:
+        if not _HIERARCHY:
+            _HIERARCHY.append(_probe())
     return _HIERARCHY[0]
+
+
+def _probe() -> Optional[Hierarchy]:
+    for h in hierarchies():
+        probe = h.base / f"fibray-probe-{os.getpid()}"
+        try:
+            probe.mkdir()
+        except OSError:
+            continue
+        try:
+            _usage_s(h, probe)
+        except (OSError, ValueError):
+            continue
+        finally:
+            try:
+                probe.rmdir()
+            except OSError:
+                pass
+        _remove_stale(h)
+        return h
+    return None
 
 
 @dataclass
@@ -132,9 +136,9 @@ class ExecutorCgroup:
     h: Hierarchy
 
     @classmethod
-    def create(cls) -> Optional["ExecutorCgroup"]:
-        """A new, empty cgroup (None where no hierarchy is usable)."""
-        h = hierarchy()
+    def create(cls, h: Optional[Hierarchy] = None) -> Optional["ExecutorCgroup"]:
+        """A new, empty cgroup in `h` (by default the usable hierarchy; None where there is none)."""
+        h = h or hierarchy()
         if h is None:
             return None
         path = h.base / f"fibray-{os.getpid()}-{next(_SERIAL)}"
