@@ -13,8 +13,8 @@ from typing import Iterator
 
 import pytest
 
-from fibray.timing.bound import Window
-from fibray.workers.cpu_clock import ExecutorStopwatch, _counters, unloaded_s
+from fibray.timing.bound import Stopwatch, Window
+from fibray.workers.cpu_clock import ExecutorStopwatch, _counters, cpu_stopwatch, unloaded_s
 from fibray.workers.process.cgroup import ExecutorCgroup, hierarchy
 
 needs_cgroup = pytest.mark.skipif(hierarchy() is None, reason="needs a writable cgroup hierarchy (fibray as root)")
@@ -157,7 +157,7 @@ def _watch(p: subprocess.Popen) -> ExecutorStopwatch:
     return ExecutorStopwatch(p.pid, _account(p).usage_s)
 
 
-def _window(watch: ExecutorStopwatch, p: subprocess.Popen, then_s: float = 0.0) -> Window:
+def _window(watch: Stopwatch, p: subprocess.Popen, then_s: float = 0.0) -> Window:
     """One request through `watch`; the supervisor's side takes `then_s` more before it reads the watch."""
     watch.start()
     p.stdin.write(b"q")
@@ -234,7 +234,7 @@ def test_without_a_cgroup_the_window_is_the_plain_wall() -> None:
     """Fail closed: where the executor's processes cannot all be counted, no time is left out."""
     p = _server("busy")
     try:
-        window = _window(ExecutorStopwatch(p.pid, None), p, then_s=0.3)
+        window = _window(cpu_stopwatch(p.pid, None), p, then_s=0.3)
     finally:
         p.kill()
         p.wait()

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional
 
-from fibray.timing.bound import Window
+from fibray.timing.bound import Stopwatch, WallStopwatch, Window
 from fibray.workers.process.sandbox import stat_fields
 
 SETTLE_S = 0.1
@@ -126,23 +126,24 @@ class ExecutorStopwatch:
     the host's (a hypervisor's stolen time, the supervisor's own wait for a core or a lock after the
     reply), which broke the bound of honest reports on a CI host. A candidate that sleeps, to wait
     for work it hid or to look cheap, is read on the wall: every sleep is a voluntary switch the
-    kernel counts. Without `account` (no cgroup could be made: the work of children the kernel
-    collects would go uncounted) the window is the plain wall. Never run in an executor."""
+    kernel counts. Never run in an executor."""
 
-    def __init__(self, pid: int, account: Optional[Callable[[], float]]) -> None:
+    def __init__(self, pid: int, account: Callable[[], float]) -> None:
         self.pid, self.account = pid, account
 
     def start(self) -> None:
-        if self.account is None:
-            self._t0 = time.perf_counter()
-            return
         self._v0 = _voluntary_switches(self.pid) if _settled(self.pid) else None
         self._c0 = _counters(self.pid, self.account)
 
     def stop(self) -> Window:
-        if self.account is None:
-            return Window(wall_s=time.perf_counter() - self._t0)
         v1 = _voluntary_switches(self.pid) if _settled(self.pid) else None
         c1 = _counters(self.pid, self.account)
         return Window(wall_s=unloaded_s(self._c0, c1), cpu_s=c1.account - self._c0.account,
                       switches=v1 - self._v0 if v1 is not None and self._v0 is not None else None)
+
+
+def cpu_stopwatch(pid: int, account: Optional[Callable[[], float]]) -> Stopwatch:
+    """A CPU slot's window on the executor `pid`: ExecutorStopwatch on its cgroup's CPU seconds
+    (`account`), or the plain wall where it has no cgroup (the work of children the kernel collects
+    would go uncounted: nothing is left out then)."""
+    return ExecutorStopwatch(pid, account) if account is not None else WallStopwatch()

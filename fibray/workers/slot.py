@@ -28,9 +28,9 @@ from fibray.evaluate.phases import now_iso
 from fibray.evaluate.run import Judge, bound_log, run_job
 from fibray.evaluate.phases import Phases
 from fibray.schema import EvalSettings, Evaluation, EvaluationStatus, Job, JobResult
-from fibray.timing.bound import Overhead, calibrate, calibration_job
+from fibray.timing.bound import Overhead, Stopwatch, calibrate, calibration_job
 from fibray.timing.roofline import device_caps
-from fibray.workers.cpu_clock import ExecutorStopwatch
+from fibray.workers.cpu_clock import cpu_stopwatch
 from fibray.workers.gpu_lock import GpuLock, LaneGpu
 from fibray.workers.process import sandbox
 from fibray.workers.process.forkserver import ForkedProcess
@@ -278,7 +278,7 @@ class GpuSlot:
     def _calibration_key(self, s: EvalSettings) -> tuple:
         return (s.flush_l2, s.sync_device) if self.device.type == "cuda" else ()
 
-    def _stopwatch(self, ex: sandbox.Executor) -> Optional[ExecutorStopwatch]:
+    def _stopwatch(self, ex: sandbox.Executor) -> Optional[Stopwatch]:
         """On a CPU slot the bound's window leaves out the time a loaded host keeps the executor off a
         core, or its supervisor from reading the reply (honest reports broke the plain wall's bound on a
         busy machine); on a GPU slot the timed window holds the GPU alone and the wall is read."""
@@ -289,7 +289,7 @@ class GpuSlot:
             log.warning("no cgroup could be made for CPU accounting (fibray runs unprivileged, or no cgroup "
                         "hierarchy is writable): a CPU slot's timing bound reads the plain wall, and honest "
                         "reports may break it on a loaded host")
-        return ExecutorStopwatch(ex.executor_pid(), ex.cgroup.usage_s if ex.cgroup is not None else None)
+        return cpu_stopwatch(ex.executor_pid(), ex.cgroup.usage_s if ex.cgroup is not None else None)
 
     def _overhead_for(self, s: EvalSettings, pristine: Optional[sandbox.Executor] = None) -> Overhead:
         """The per-slot timing overhead for this timing mode, calibrated once on an executor no

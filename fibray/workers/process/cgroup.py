@@ -35,13 +35,16 @@ class Hierarchy:
         return path / ("cpu.stat" if self.v2 else "cpuacct.usage")
 
 
-def _own_path(v2: bool, controller: str) -> Optional[str]:
-    """This process's cgroup in the hierarchy (v2, or the v1 one holding `controller`)."""
+def _own_paths() -> tuple[Optional[str], Optional[str]]:
+    """This process's cgroup in the v2 hierarchy and in the v1 one holding cpuacct (None: not in one)."""
+    v2 = v1 = None
     for line in Path("/proc/self/cgroup").read_text().splitlines():
         hid, controllers, path = line.split(":", 2)
-        if (v2 and hid == "0" and controllers == "") or (not v2 and controller in controllers.split(",")):
-            return path
-    return None
+        if hid == "0" and controllers == "":
+            v2 = path
+        elif "cpuacct" in controllers.split(","):
+            v1 = path
+    return v2, v1
 
 
 def hierarchies() -> list[Hierarchy]:
@@ -49,9 +52,12 @@ def hierarchies() -> list[Hierarchy]:
     found: list[Hierarchy] = []
     try:
         lines = Path("/proc/self/mountinfo").read_text().splitlines()
+        own_v2, own_v1 = _own_paths()
     except OSError:
         return found
-    for v2 in (True, False):
+    for v2, own in ((True, own_v2), (False, own_v1)):
+        if own is None:
+            continue
         for line in lines:
             pre, _, post = line.partition(" - ")
             fields, post_fields = pre.split(), post.split()
@@ -59,9 +65,6 @@ def hierarchies() -> list[Hierarchy]:
                 continue
             root, mount, fstype, options = fields[3], fields[4], post_fields[0], post_fields[2].split(",")
             if fstype != ("cgroup2" if v2 else "cgroup") or (not v2 and "cpuacct" not in options):
-                continue
-            own = _own_path(v2, "cpuacct")
-            if own is None:
                 continue
             rel = os.path.relpath(own, root) if own.startswith(root) else None
             if rel is None or rel.startswith(".."):
@@ -159,7 +162,7 @@ class ExecutorCgroup:
 
     def pids(self) -> list[int]:
         try:
-            return [int(p) for p in (self.path / "cgroup.procs").read_text().split()]
+            return [int(p) for p in Path(self.procs_file).read_text().split()]
         except (OSError, ValueError):
             return []
 
