@@ -64,6 +64,19 @@ def test_driver_killed_with_sigkill_resumes_without_loss_or_duplicates(tmp_path,
     assert not list(store.rglob(".*.tmp")), "a half-written file became visible"
 
 
+def test_the_next_driver_removes_a_temporary_a_killed_driver_left(tmp_path):
+    """A SIGKILL while a file was written leaves its hidden temporary (seen in CI after a resume);
+    the sweep's next lock holder removes it, and no other sweep's."""
+    store = TraceStore(tmp_path / "store")
+    mine, theirs = store.partition("rmsnorm_h4096", "smoke"), store.partition("rmsnorm_h4096", "other")
+    for folder in (mine, theirs):
+        folder.mkdir(parents=True)
+        (folder / ".part-20261204T041350-cd36ec8d41fc.parquet.tmp").write_bytes(b"PAR1 half-written")
+    with store.lock("smoke"):
+        pass
+    assert not list(mine.glob(".*.tmp")) and len(list(theirs.glob(".*.tmp"))) == 1
+
+
 @pytest.fixture
 def local_ray():
     ray.init(address="local", num_gpus=2, num_cpus=2, include_dashboard=False, log_to_driver=False)

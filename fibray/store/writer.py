@@ -173,6 +173,11 @@ class TraceStore:
                 raise StoreError(f"sweep {sweep!r} is already being run by another driver ({holder or 'unknown'}) on {self.root}") from None
             os.ftruncate(fd, 0)
             os.pwrite(fd, f"pid {os.getpid()} on {os.uname().nodename}".encode(), 0)
+            # a driver killed while it wrote a file left its temporary behind: only this sweep's
+            # lock holder writes these partitions, so none of them is being written now
+            for tmp in self.root.glob(f"definition=*/sweep={_enc(sweep)}/.part-*.parquet.tmp"):
+                with contextlib.suppress(FileNotFoundError):
+                    tmp.unlink()
             yield
         finally:
             os.close(fd)
