@@ -6,36 +6,61 @@ matched_ratio: at least `matched_ratio` of the elements do (for low-bit kernels)
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
-from fibray.check.base import CheckResult, Status, Tolerance, error_stats, register_checker, structural
+from fibray.check.base import (
+    CheckResult, OutputStats, Status, Tolerance, mismatch, nonfinite_result, output_stats, register_checker,
+)
 from fibray.schema.reasons import Reason
 
 
-def _compare(outputs: list[torch.Tensor], refs: list[torch.Tensor], names: list[str], tol: Tolerance, required: float) -> CheckResult:
-    result = CheckResult(extra={"matched_ratio": 1.0})
-    for out, ref, name in zip(outputs, refs, names):
-        bad = structural(out, ref, name)
-        if bad is not None:
-            return bad
-        max_abs, max_rel, ratio = error_stats(out, ref, tol)
-        one = CheckResult(max_abs=max_abs, max_rel=max_rel, extra={"matched_ratio": ratio})
-        if ratio < required:
-            one.status, one.reason = Status.INCORRECT_NUMERICAL, Reason.TOLERANCE_EXCEEDED
-            one.message = (
-                f"output {name!r}: {ratio:.6f} of elements within atol={tol.atol} rtol={tol.rtol} "
-                f"(need {required}); max_abs={max_abs:.4g} max_rel={max_rel:.4g}"
-            )
-        result.merge(one)
-    return result
+def _compare_many(calls: list[list[torch.Tensor]], refs: list[list[torch.Tensor]], names: list[str], tol: Tolerance,
+                  required: float) -> list[CheckResult]:
+    """Each call's outputs against its references, output by output: the first output that is not a
+    tensor of the reference's shape and dtype, or has non-finite values where the reference has
+    none, decides; otherwise the metrics fold over outputs and the first out of tolerance fails."""
+    stats: dict[tuple[int, int], OutputStats] = {}
+    for j, name in enumerate(names):
+        groups: dict[tuple, list[int]] = {}
+        for i, (outs, rs) in enumerate(zip(calls, refs)):
+            if j < min(len(outs), len(rs)) and mismatch(outs[j], rs[j], name) is None:
+                key = (tuple(rs[j].shape), rs[j].dtype, outs[j].device, rs[j].device)
+                groups.setdefault(key, []).append(i)
+        for members in groups.values():
+            found = output_stats([calls[i][j] for i in members], [refs[i][j] for i in members], tol)
+            stats.update(((i, j), st) for i, st in zip(members, found))
+    results = []
+    for i, (outs, rs) in enumerate(zip(calls, refs)):
+        result = CheckResult(extra={"matched_ratio": 1.0})
+        for j, (out, ref, name) in enumerate(zip(outs, rs, names)):
+            st = stats.get((i, j))
+            if st is None or st.nonfinite:
+                result = mismatch(out, ref, name) if st is None else nonfinite_result(name, st.nonfinite, st.nans)
+                break
+            one = CheckResult(max_abs=st.max_abs, max_rel=st.max_rel, extra={"matched_ratio": st.matched_ratio})
+            if st.matched_ratio < required:
+                one.status, one.reason = Status.INCORRECT_NUMERICAL, Reason.TOLERANCE_EXCEEDED
+                one.message = (
+                    f"output {name!r}: {st.matched_ratio:.6f} of elements within atol={tol.atol} rtol={tol.rtol} "
+                    f"(need {required}); max_abs={st.max_abs:.4g} max_rel={st.max_rel:.4g}"
+                )
+            result.merge(one)
+        results.append(result)
+    return results
 
 
-@register_checker("elementwise")
-def check_elementwise(outputs, refs, names, tol: Tolerance) -> CheckResult:
-    return _compare(outputs, refs, names, tol, required=1.0)
+def _checker(required: Callable[[Tolerance], float]):
+    """A registered checker for one call, with `many` for a batch of calls (fibray.check.base.judge_calls)."""
+
+    def check(outputs, refs, names, tol: Tolerance) -> CheckResult:
+        return _compare_many([outputs], [refs], names, tol, required(tol))[0]
+
+    check.many = lambda calls, refs, names, tol: _compare_many(calls, refs, names, tol, required(tol))
+    return check
 
 
-@register_checker("matched_ratio")
-def check_matched_ratio(outputs, refs, names, tol: Tolerance) -> CheckResult:
-    required = tol.matched_ratio if tol.matched_ratio is not None else 0.95
-    return _compare(outputs, refs, names, tol, required=required)
+check_elementwise = register_checker("elementwise")(_checker(lambda tol: 1.0))
+check_matched_ratio = register_checker("matched_ratio")(
+    _checker(lambda tol: tol.matched_ratio if tol.matched_ratio is not None else 0.95))

@@ -16,7 +16,7 @@ import torch
 
 from fibray.compile import build_reference
 from fibray.evaluate.candidate import TimeResult, TrialOutput, normalize_outputs
-from fibray.check import CheckResult, Draws, Tolerance, checker_for, wants_draws
+from fibray.check import CheckResult, Draws, Tolerance, checker_for, judge_calls, wants_draws
 from fibray.check.base import structural
 from fibray.evaluate.memory import (
     TIMED_OUTPUT_BYTES, TIMING_BUDGET_BYTES, TIMING_MAX_SETS, GUARD_BYTES, JobMemory, LocalRegion, Region,
@@ -287,23 +287,25 @@ class Judge:
         tol, kind = self.tolerance(job)
         checker, names = checker_for(kind), list(job.definition.outputs)
         judged = judged_calls(called, len(layout.timed))
+        sample = sorted(secrets.SystemRandom().sample(sorted(judged), sample_size(len(judged))))
+        intact = mem.guards_intact_many([layout.timed[b] for b in sample])
+        outs = [mem.outputs(layout.timed[b]) for b in sample]
+        refs = [timed.refs[judged[b]] for b in sample]
+        if wants_draws(checker):  # random outputs: judged over draws in the trials; here their shape and kind
+            verdicts = [next((r for r in map(structural, o, ref, names) if r), None) or CheckResult() for o, ref in zip(outs, refs)]
+        else:  # the whole sample at once (a call at a time, the same verdicts: tests/test_check_batch.py)
+            verdicts = judge_calls(checker, outs, refs, names, tol)
         verdict = CheckResult()
-        for b in sorted(secrets.SystemRandom().sample(sorted(judged), sample_size(len(judged)))):
-            call, k = judged[b], layout.timed[b]
-            if not mem.guards_intact(k):
+        for b, guarded, out, one in zip(sample, intact, outs, verdicts):  # the first call to fail decides
+            call = judged[b]
+            if not guarded:
                 return CheckResult(Status.INCORRECT_NUMERICAL, Reason.OUT_OF_BOUNDS_WRITE,
                                    f"bytes around an output buffer of timed call {call} were overwritten")
-            outs = mem.outputs(k)
             if layout.snapshots:
                 snap = mem.outputs(layout.snapshots[b])
-                if not all(torch.equal(a.reshape(-1).view(torch.uint8), c.reshape(-1).view(torch.uint8)) for a, c in zip(outs, snap)):
+                if not all(torch.equal(a.reshape(-1).view(torch.uint8), c.reshape(-1).view(torch.uint8)) for a, c in zip(out, snap)):
                     return CheckResult(Status.INCORRECT_NUMERICAL, Reason.OUTPUT_CHANGED_AFTER_RETURN,
                                        f"the outputs of timed call {call} changed after the call returned")
-            if wants_draws(checker):  # random outputs: judged over draws in the trials; here their shape and kind
-                one = next((r for r in (structural(o, ref, n) for o, ref, n in zip(outs, timed.refs[call], names)) if r), None)
-                one = one or CheckResult()
-            else:
-                one = checker(outs, timed.refs[call], names, tol)
             if not one.ok:
                 return CheckResult(one.status, Reason.WRONG_WHILE_TIMED, f"timed call {call} ({one.reason}): {one.message}",
                                    max_abs=one.max_abs, max_rel=one.max_rel)

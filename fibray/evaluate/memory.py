@@ -329,11 +329,18 @@ class JobMemory:
                 poison_(view(self.region, p))
 
     def guards_intact(self, k: int) -> bool:
-        for p in self.layout.outputs[k]:
-            before, after = _guard(self.region, p)
-            if not (bool((before == GUARD_PATTERN).all()) and bool((after == GUARD_PATTERN).all())):
-                return False
-        return True
+        return self.guards_intact_many([k])[0]
+
+    def guards_intact_many(self, sets: list[int]) -> list[bool]:
+        """For each output set, whether the guard bytes around all its buffers hold the pattern:
+        every guard of every set compared at once, read back once."""
+        guards = [(i, g) for i, k in enumerate(sets) for p in self.layout.outputs[k] for g in _guard(self.region, p)]
+        intact = [True] * len(sets)
+        if guards:
+            held = (torch.stack([g for _, g in guards]) == GUARD_PATTERN).all(1).tolist()
+            for (i, _), ok in zip(guards, held):
+                intact[i] = intact[i] and ok
+        return intact
 
     def changed_input(self, s: int, expected: list[Any]) -> Optional[int]:
         """Index of the first tensor input of set s whose bytes differ from `expected`, else None."""
