@@ -21,23 +21,24 @@ def _compare_many(calls: list[list[torch.Tensor]], refs: list[list[torch.Tensor]
     """Each call's outputs against its references, output by output: the first output that is not a
     tensor of the reference's shape and dtype, or has non-finite values where the reference has
     none, decides; otherwise the metrics fold over outputs and the first out of tolerance fails."""
-    stats: dict[tuple[int, int], OutputStats] = {}
+    found: dict[tuple[int, int], OutputStats | CheckResult] = {}  # (call, output): its numbers, or why it has none
     for j, name in enumerate(names):
         groups: dict[tuple, list[int]] = {}
         for i, (outs, rs) in enumerate(zip(calls, refs)):
-            if j < min(len(outs), len(rs)) and mismatch(outs[j], rs[j], name) is None:
-                key = (tuple(rs[j].shape), rs[j].dtype, outs[j].device, rs[j].device)
-                groups.setdefault(key, []).append(i)
+            if j < min(len(outs), len(rs)):
+                bad = found[i, j] = mismatch(outs[j], rs[j], name)
+                if bad is None:
+                    groups.setdefault((tuple(rs[j].shape), rs[j].dtype, outs[j].device, rs[j].device), []).append(i)
         for members in groups.values():
-            found = output_stats([calls[i][j] for i in members], [refs[i][j] for i in members], tol)
-            stats.update(((i, j), st) for i, st in zip(members, found))
+            stats = output_stats([calls[i][j] for i in members], [refs[i][j] for i in members], tol)
+            found.update(((i, j), st) for i, st in zip(members, stats))
     results = []
     for i, (outs, rs) in enumerate(zip(calls, refs)):
         result = CheckResult(extra={"matched_ratio": 1.0})
-        for j, (out, ref, name) in enumerate(zip(outs, rs, names)):
-            st = stats.get((i, j))
-            if st is None or st.nonfinite:
-                result = mismatch(out, ref, name) if st is None else nonfinite_result(name, st.nonfinite, st.nans)
+        for j, name in enumerate(names[:min(len(outs), len(rs))]):
+            st = found[i, j]
+            if isinstance(st, CheckResult) or st.nonfinite:
+                result = st if isinstance(st, CheckResult) else nonfinite_result(name, st.nonfinite, st.nans)
                 break
             one = CheckResult(max_abs=st.max_abs, max_rel=st.max_rel, extra={"matched_ratio": st.matched_ratio})
             if st.matched_ratio < required:
