@@ -16,7 +16,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Callable, ContextManager, Optional
 
 from fibray import deadlines
 from fibray.dataset import Dataset, DatasetError, load_dataset
@@ -148,10 +148,13 @@ class SweepReport:
 
 
 class _Recorder:
-    """Buffers rows and publishes them to the store by size or age."""
+    """Buffers rows and publishes them to the store by size or age. A row leaves the buffer and is counted in
+    `published` exactly when its file is published, inside `shield` (a Ctrl-C there is deferred to the next
+    check), so an interrupted or failed flush neither loses a row nor writes one twice."""
 
-    def __init__(self, store: TraceStore, flush_rows: int, flush_interval_s: float, ds: Dataset) -> None:
-        self.store, self.flush_rows, self.flush_interval_s = store, flush_rows, flush_interval_s
+    def __init__(self, store: TraceStore, flush_rows: int, flush_interval_s: float, ds: Dataset,
+                 shield: Callable[[], ContextManager] = contextlib.nullcontext) -> None:
+        self.store, self.flush_rows, self.flush_interval_s, self.shield = store, flush_rows, flush_interval_s, shield
         self.dataset = (ds.name, ds.hash)
         self.published = 0
         """Rows already in published files."""
@@ -163,18 +166,24 @@ class _Recorder:
     def add(self, job: Job, result: JobResult) -> bool:
         if job.job_id in self.seen:
             return False
-        self.seen.add(job.job_id)
         result = result.model_copy(update={"finished_at": now_iso()})  # the driver's clock, not a slot's
-        self.buffer.append(to_row(job, result, dataset_name=self.dataset[0], dataset_hash=self.dataset[1]))
+        row = to_row(job, result, dataset_name=self.dataset[0], dataset_hash=self.dataset[1])
+        with self.shield():
+            self.seen.add(job.job_id)
+            self.buffer.append(row)
         if len(self.buffer) >= self.flush_rows or time.monotonic() - self._last > self.flush_interval_s:
             self.flush()
         return True
 
     def flush(self) -> None:
-        if self.buffer:
-            self.files.extend(self.store.append(self.buffer))
-            self.published += len(self.buffer)
-            self.buffer = []
+        """Publish the buffer one partition at a time (the store writes one file per partition)."""
+        while self.buffer:
+            key = (self.buffer[0]["definition"], self.buffer[0]["sweep"])
+            group = [r for r in self.buffer if (r["definition"], r["sweep"]) == key]
+            with self.shield():
+                self.files.extend(self.store.append(group))
+                self.published += len(group)
+                self.buffer = [r for r in self.buffer if (r["definition"], r["sweep"]) != key]
         self._last = time.monotonic()
 
 
@@ -327,10 +336,21 @@ class _Interrupts:
 
     def __init__(self) -> None:
         self.seen = False
+        self._shielded = 0
 
     def handler(self, signum: int, frame: object) -> None:
         self.seen = True
-        raise KeyboardInterrupt
+        if not self._shielded:
+            raise KeyboardInterrupt
+
+    @contextlib.contextmanager
+    def shielded(self):
+        """A Ctrl-C inside is noted, not raised: the next check() raises it (a file published and counted as one)."""
+        self._shielded += 1
+        try:
+            yield
+        finally:
+            self._shielded -= 1
 
     def check(self) -> None:
         if self.seen:
@@ -406,9 +426,10 @@ def _run_sweep(cfg: SweepConfig) -> SweepReport:
             raise ConfigError(problem)  # fails closed: no candidate runs with more privilege than asked
         if not cfg.runner.drop_privileges:
             log.warning("runner.drop_privileges=false: candidates run as uid %d, like fibray itself", os.geteuid())
-        recorder = _Recorder(store, cfg.sweep.flush_rows, cfg.sweep.flush_interval_s, ds)
+        interrupts = _Interrupts()
+        recorder = _Recorder(store, cfg.sweep.flush_rows, cfg.sweep.flush_interval_s, ds, interrupts.shielded)
         try:
-            with _Interrupts().kept() as interrupts:
+            with interrupts.kept():
                 _run(cfg, todo, report, recorder, t0, interrupts)
         except KeyboardInterrupt:
             raise SweepInterrupted(cfg.sweep.name, recorder.published, len(done) + recorder.published, len(jobs),
