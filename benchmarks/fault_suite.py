@@ -49,7 +49,7 @@ def main() -> int:
                   dataset__max_workloads_per_definition=args.workloads, sweep__name="faults", sweep__progress=False,
                   eval__build_deadline_s=15 if gpu else 8, eval__run_deadline_s=15 if gpu else 12,
                   eval__warmup=3, eval__iterations=10, eval__trials=2, runner__quarantine_after=2,
-                  runner__lanes=args.lanes)
+                  runner__lanes=args.lanes, runner__scratch_gb=0.25)  # offender_fills_disk fills it
     t0 = time.monotonic()
     only = dict(solutions__names=sorted({*args.only.split(","), *CONTROLS})) if args.only else {}
     report = run_sweep(smoke_config(base / "all", solutions__roots=roots, **only, **common))

@@ -33,6 +33,7 @@ def _config(store: Path, workdir: Path, roots: list[str], names: list[str] | Non
         store, dataset__definitions=["rmsnorm_h4096"], dataset__max_workloads_per_definition=3,
         solutions__roots=roots, solutions__names=names, sweep__name="faults",
         eval__build_deadline_s=8, eval__run_deadline_s=20, runner__quarantine_after=2, runner__workdir=str(workdir),
+        runner__scratch_gb=0.25,  # offender_fills_disk fills it
     )
 
 

@@ -332,3 +332,65 @@ def test_an_executor_that_cannot_join_its_cgroup_does_not_start(tmp_path):
     from fibray.workers.process.cgroup import CGROUP_REFUSED
 
     assert out.returncode == CGROUP_REFUSED and "ran" not in out.stdout
+
+
+_WRITES = r'''
+import errno, os, sys
+def write(path, n):
+    try:
+        with open(path, "wb") as f:
+            for i in range(n):
+                f.write(b"x" * (1 << 20))
+                f.flush()
+        return "ok"
+    except OSError as e:
+        return errno.errorcode[e.errno]
+    finally:
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+here = os.getcwd()
+print(here == sys.argv[1], os.environ["HOME"] == here)
+for place in [here, "/tmp", "/var/tmp", "/dev/shm", "/", "/etc", os.path.dirname(here), os.path.dirname(os.__file__)]:
+    print(place, write(os.path.join(place, "probe"), 1))
+print("big", write(os.path.join(here, "big"), 64))
+'''
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not sandbox.pid_namespaces_available(), reason="needs root and namespaces")
+def test_an_executor_writes_only_into_a_scratch_of_its_own_of_bounded_size():
+    base = reachable_tmpdir("fibray-scratch-")  # below /tmp, which the scratch covers too: the path must survive
+    workdir = base / "exec"
+    lease = sandbox.uid_pool(sandbox.SandboxPolicy()).lease()
+    try:
+        workdir.mkdir()
+        os.chown(workdir, lease.uid, lease.uid)
+        argv = sandbox_argv(max_open_files=256, max_processes=256, memory_limit_bytes=None, cpu_seconds=None,
+                            netns=False, uid=lease.uid, pidns=True, scratch_bytes=16 << 20, workdir=str(workdir))
+        out = subprocess.run([*argv, sys.executable, "-c", _WRITES, str(workdir)], cwd=workdir, capture_output=True,
+                             text=True, timeout=120, env={"HOME": str(workdir), "PATH": os.environ["PATH"],
+                                                          "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)})
+        assert out.returncode == 0, out.stderr
+        lines = out.stdout.splitlines()
+        assert lines[0] == "True True", out.stdout  # its directory, at the same path, is its cwd and home
+        got = dict(line.rsplit(" ", 1) for line in lines[1:])
+        for place in (str(workdir), "/tmp", "/var/tmp", "/dev/shm"):
+            assert got[place] == "ok", out.stdout
+        for place in ("/", "/etc", str(base), os.path.dirname(os.__file__)):
+            assert got[place] in ("EROFS", "EACCES"), out.stdout
+        assert got["big"] == "ENOSPC", out.stdout  # 64 MiB into a 16 MiB scratch
+        assert os.listdir(workdir) == [] and os.listdir(base) == ["exec"]  # nothing reached the host
+    finally:
+        lease.release()
+
+
+def test_executors_whose_writes_cannot_be_confined_are_refused(monkeypatch):
+    if os.geteuid() != 0:
+        pytest.skip("the refusal before it names root")
+    monkeypatch.setattr(sandbox, "_SCRATCH", ["mount_setattr (Linux 5.12 or later): Function not implemented"])
+    why = sandbox.privilege_problem(sandbox.SandboxPolicy(), str(reachable_tmpdir("fibray-refuse-")))
+    assert why is not None and "mount_setattr" in why and "runner.scratch_gb=null" in why
+    with pytest.raises(sandbox.PrivilegeError, match="runner.scratch_gb"):
+        sandbox.spawn("cpu", reachable_tmpdir("fibray-refuse-"), sandbox.SandboxPolicy(), single_use=True)
+    assert sandbox.privilege_problem(sandbox.SandboxPolicy(scratch_bytes=None), None) is None

@@ -10,6 +10,7 @@ inputs, guard bytes and outputs there. What this side reports can only fail the 
 
 from __future__ import annotations
 
+import errno
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
@@ -106,6 +107,10 @@ class _TimedCallFailed(Exception):
         self.failure = failure
 
 
+_FULL = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
+"""A write past the executor's scratch (fibray.workers.process.launch) or a file-size limit."""
+
+
 def classify_exception(e: BaseException) -> tuple[str, str]:
     """(status, reason) for an exception a candidate raised."""
     if _isinstance(e, SystemExit):
@@ -120,6 +125,8 @@ def classify_exception(e: BaseException) -> tuple[str, str]:
     while cur is not None and len(chain) < 8:
         chain.append(cur)
         cur = cur.__cause__ or cur.__context__
+    if any(_isinstance(x, OSError) and getattr(x, "errno", None) in _FULL for x in chain):
+        return "RUNTIME_ERROR", Reason.SCRATCH_FULL
     names = {type(x).__name__ for x in chain}
     text = " ".join(str(x) for x in chain).lower()
     if "CompilationError" in names or _raised_in_triton_frontend(chain):

@@ -64,6 +64,8 @@ class Reason(StrEnum):
     """The candidate raised KeyboardInterrupt."""
     OUT_OF_MEMORY = "out_of_memory"
     """The candidate ran out of host or device memory."""
+    SCRATCH_FULL = "scratch_full"
+    """The candidate filled its writable scratch (runner.scratch_gb), or wrote a file past the host's limit."""
     DEVICE_REQUIRED = "device_required"
     """The solution needs a GPU and the job ran on a CPU."""
     ILLEGAL_MEMORY_ACCESS = "illegal_memory_access"

@@ -147,6 +147,10 @@ class RunnerConfig(_Strict):
     each executor starts its own interpreter (seconds more per executor, and an executor per solution)."""
     memory_limit_gb: Optional[float] = Field(default=16.0, gt=0)
     """Address-space limit of a CPU executor, GiB (not applied on GPUs: CUDA maps huge address ranges)."""
+    scratch_gb: Optional[float] = Field(default=1.0, gt=0)
+    """All an executor may write, GiB: a memory-backed scratch of its own (its home, /tmp, /var/tmp and
+    /dev/shm); every other mount is read-only to it. Null: it writes wherever its uid may (a candidate
+    that fills the disk could then stop the sweep)."""
     max_open_files: int = Field(default=4096, ge=64)
     """Open-file limit of an executor."""
     max_processes: int = Field(default=4096, ge=16)

@@ -52,6 +52,8 @@ KEY_TABLE: tuple[tuple[tuple[str, ...], str], ...] = (
                                                   "pre-warmed single-use executors"),
     (("runner.isolate_network", "runner.drop_privileges", "runner.memory_limit_gb", "runner.max_open_files",
       "runner.max_processes", "runner.workdir", "runner.uid_range"), "executor sandbox"),
+    (("runner.scratch_gb",), "all an executor may write, GiB (default 1): a scratch of its own, everything else "
+                             "read-only to it; null: wherever its uid may"),
     (("runner.fork_server",), "fork executors from a warm server per GPU (default true: imports paid once; each child "
                               "sheds the server's descriptors and enters the sandbox first); false: an interpreter each"),
     (("runner.executor_checks",), "on a GPU that cannot share memory with executors (CUDA VMM), let executors stage "

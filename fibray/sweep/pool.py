@@ -90,7 +90,8 @@ class PoolOptions:
             uid_range=tuple(r.uid_range) if r.uid_range else None,
             memory_limit_bytes=int(r.memory_limit_gb * (1 << 30)) if r.memory_limit_gb else None,
             max_open_files=r.max_open_files, max_processes=r.max_processes, build_cache=build_cache,
-            executor_checks=r.executor_checks, fork_server=r.fork_server)
+            executor_checks=r.executor_checks, fork_server=r.fork_server,
+            scratch_bytes=int(r.scratch_gb * (1 << 30)) if r.scratch_gb else None)
         cpus = torch_threads or os.cpu_count() or 1
         lanes = auto_lanes(r.lanes, cpus)
         return cls(num_slots=num_slots, torch_threads=torch_threads, start_deadline_s=start_deadline_s,

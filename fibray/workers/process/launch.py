@@ -19,6 +19,7 @@ from __future__ import annotations
 import ctypes
 import json
 import os
+import re
 import resource
 import select
 import signal
@@ -28,23 +29,31 @@ import time
 _CLONE_NEWNET = 0x40000000
 _CLONE_NEWNS = 0x00020000
 _CLONE_NEWPID = 0x20000000
-_MS_NOSUID, _MS_NODEV, _MS_NOEXEC, _MS_REC, _MS_PRIVATE = 0x2, 0x4, 0x8, 0x4000, 0x40000
+_MS_NOSUID, _MS_NODEV, _MS_NOEXEC, _MS_BIND, _MS_REC, _MS_PRIVATE = 0x2, 0x4, 0x8, 0x1000, 0x4000, 0x40000
+_SYS_MOUNT_SETATTR, _AT_FDCWD, _AT_RECURSIVE, _MOUNT_ATTR_RDONLY = 442, -100, 0x8000, 0x1
 _PR_SET_PDEATHSIG = 1
 _PR_SET_CHILD_SUBREAPER = 36
 NETNS_REFUSED = 121
 """Exit status when a network namespace was asked for and refused: better no executor than a networked one."""
 PIDNS_REFUSED = 122
 """Exit status when a PID namespace (and its /proc) was asked for and refused."""
+SCRATCH_REFUSED = 120
+"""Exit status when the executor's writes were to be confined to its scratch and could not be."""
+WRITABLE = ("/tmp", "/var/tmp", "/dev/shm")
+"""Where programs expect to write besides their home: the executor's scratch is mounted there too."""
 
 
 def sandbox_spec(*, max_open_files: int, max_processes: int, memory_limit_bytes: int | None,
                  cpu_seconds: int | None, netns: bool, uid: int | None, pidns: bool = False,
-                 cgroup: str | None = None) -> dict:
+                 cgroup: str | None = None, scratch_bytes: int | None = None, workdir: str | None = None) -> dict:
     """What `apply` puts in force (a JSON object); `parent` is the process that starts the launcher
     (a fork server replaces it with its own pid: it is the forked executor's parent); `cgroup` is the
-    cgroup.procs file of the executor's CPU-accounting cgroup (fibray.workers.process.cgroup)."""
+    cgroup.procs file of the executor's CPU-accounting cgroup (fibray.workers.process.cgroup);
+    `scratch_bytes` (with `pidns`, whose mount namespace it needs): the executor may write only into
+    a tmpfs of that size over `workdir`, also mounted on WRITABLE; every other mount is read-only."""
     return {"nofile": max_open_files, "nproc": max_processes, "as": memory_limit_bytes, "cpu": cpu_seconds,
-            "netns": netns, "uid": uid, "pidns": pidns, "cgroup": cgroup, "parent": os.getpid()}
+            "netns": netns, "uid": uid, "pidns": pidns, "cgroup": cgroup, "parent": os.getpid(),
+            "scratch": scratch_bytes, "workdir": workdir}
 
 
 def launcher_argv(spec: dict) -> list[str]:
@@ -96,6 +105,59 @@ def _enter_pid_namespace(libc, parent: int) -> int:
     return relay_gone
 
 
+def _mounts() -> list[tuple[str, set[str]]]:
+    """(mount point, per-mount options) of the mounts this process sees: the last of any stacked on one point."""
+    out = {}
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            fields = line.split()
+            point = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), fields[4])  # " " is written \040
+            out.pop(point, None)
+            out[point] = set(fields[5].split(","))
+    return list(out.items())
+
+
+def _confine_writes(libc, size: int, workdir: str, uid: int | None) -> None:
+    """In the executor's own mount namespace: every mount read-only, then a tmpfs of `size` bytes over
+    `workdir` (owned by `uid`), also mounted on WRITABLE, so all it can write is bounded: a candidate that
+    fills it fills its own scratch, not the host's disk or memory. Ends the process when a step fails:
+    no executor rather than an unconfined one."""
+    def refuse(what: str) -> None:
+        print(f"fibray launcher: cannot confine the executor's writes: {what}", file=sys.stderr, flush=True)
+        os._exit(SCRATCH_REFUSED)
+
+    def bind(source: str, target: str) -> None:
+        if libc.mount(source.encode(), target.encode(), None, _MS_BIND, None) != 0:
+            refuse(f"bind {target}: {os.strerror(ctypes.get_errno())}")
+
+    attr = (ctypes.c_uint64 * 4)(_MOUNT_ATTR_RDONLY, 0, 0, 0)  # struct mount_attr: attr_set, attr_clr, ...
+    if libc.syscall(_SYS_MOUNT_SETATTR, _AT_FDCWD, b"/", _AT_RECURSIVE, ctypes.byref(attr), ctypes.sizeof(attr)) != 0:
+        refuse(f"mount_setattr (Linux 5.12 or later): {os.strerror(ctypes.get_errno())}")
+    owner = f",uid={uid},gid={uid}" if uid is not None else ""
+    if libc.mount(b"fibray-scratch", workdir.encode(), b"tmpfs", _MS_NOSUID | _MS_NODEV,
+                  f"size={size},mode=0700{owner}".encode()) != 0:
+        refuse(f"tmpfs on {workdir}: {os.strerror(ctypes.get_errno())}")
+    scratch = os.open(workdir, os.O_PATH | os.O_DIRECTORY)
+    here = f"/proc/self/fd/{scratch}"
+    ours = {os.path.realpath(workdir)}
+    for target in WRITABLE:
+        if os.path.isdir(target):
+            ours.add(os.path.realpath(target))  # mountinfo names where a link led
+            bind(here, target)
+    try:
+        visible = os.path.samestat(os.stat(scratch), os.stat(workdir))
+    except FileNotFoundError:
+        visible = False
+    if not visible:  # workdir was below one of WRITABLE, which now shows the scratch
+        os.makedirs(workdir, mode=0o711, exist_ok=True)  # in the scratch, only to keep the path
+        bind(here, workdir)
+    os.close(scratch)
+    still = [point for point, options in _mounts() if "ro" not in options and point not in ours]
+    if still:
+        refuse(f"{len(still)} mount(s) still writable, e.g. {still[0]}")
+    os.chdir(workdir)  # the cwd was the directory below the tmpfs
+
+
 def apply(spec: dict) -> None:
     """A new network namespace, a new PID namespace, its cgroup, limits, an unprivileged uid. (The supervisor's
     threads never see a parent-death signal: Linux sends it when the *thread* that started the
@@ -111,6 +173,12 @@ def apply(spec: dict) -> None:
         from fibray.workers.process.cgroup import join
 
         join(spec["cgroup"])
+    if spec.get("scratch"):
+        if relay_gone is None:  # no mount namespace of its own: the confinement would be the host's
+            print("fibray launcher: cannot confine writes without a PID (and mount) namespace", file=sys.stderr,
+                  flush=True)
+            os._exit(SCRATCH_REFUSED)
+        _confine_writes(libc, spec["scratch"], spec["workdir"], spec["uid"])
     resource.setrlimit(resource.RLIMIT_NOFILE, (spec["nofile"], spec["nofile"]))
     resource.setrlimit(resource.RLIMIT_NPROC, (spec["nproc"], spec["nproc"]))
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))

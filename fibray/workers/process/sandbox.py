@@ -31,7 +31,8 @@ from fibray.workers.process import executor
 from fibray.workers.process.arena import ARENA_BYTES, Arena
 from fibray.workers.process.cgroup import CGROUP_REFUSED, ExecutorCgroup
 from fibray.workers.process.forkserver import ForkServer, ForkServerGone
-from fibray.workers.process.launch import NETNS_REFUSED, PIDNS_REFUSED, launcher_argv, sandbox_argv, sandbox_spec
+from fibray.workers.process.launch import (NETNS_REFUSED, PIDNS_REFUSED, SCRATCH_REFUSED, launcher_argv, sandbox_argv,
+                                           sandbox_spec)
 from fibray.schema.reasons import Reason
 from fibray.workers.process.uids import DEFAULT_UID_RANGE, UidLease, UidPool, process_uids
 
@@ -61,6 +62,7 @@ class SandboxPolicy:
     arena_bytes: int = ARENA_BYTES                  # shared memory for replies' tensors (0: the socket carries them)
     executor_checks: bool = False                   # a GPU without CUDA VMM stages job memory through the host
     fork_server: bool = True                        # fork executors from a warm server (forkserver.py), not exec each
+    scratch_bytes: Optional[int] = 1 << 30          # all an executor may write: a tmpfs this big (None: anywhere its uid may)
 
 
 def scrubbed_env(extra: dict[str, str]) -> dict[str, str]:
@@ -114,6 +116,12 @@ def privilege_problem(policy: SandboxPolicy, base_dir: Optional[str] = None) -> 
             return (f"privilege separation (runner.drop_privileges=true) cannot be put in force: {what} {path} is "
                     f"not reachable by an unprivileged uid ({blocked} lacks other-execute permission); fix: "
                     f"chmod o+x {blocked} and every directory above it (traverse only, as .ci/run does), {off}")
+    if policy.scratch_bytes:
+        why = "no PID and mount namespace of their own" if not policy.pid_namespace else scratch_problem()
+        if why is not None:
+            return (f"executors' writes cannot be confined to a scratch of runner.scratch_gb: {why}; fix that, or let "
+                    f"candidates write wherever their uid may (one that fills the disk could then stop the sweep) "
+                    f"with runner.scratch_gb=null, {off}")
     return None
 
 
@@ -178,6 +186,32 @@ def pid_namespaces_available() -> bool:
                 ok = False
         _PIDNS.append(ok)
     return _PIDNS[0]
+
+
+_SCRATCH: list[Optional[str]] = []
+
+
+def scratch_problem() -> Optional[str]:
+    """Why the launcher cannot confine an executor's writes to a scratch here (None: it can); tried
+    once per process, as root, in a PID and mount namespace like an executor's."""
+    if not _SCRATCH:
+        why = None if pid_namespaces_available() else "this host refuses PID and mount namespaces"
+        if why is None:
+            with tempfile.TemporaryDirectory(prefix="fibray-scratch-probe-") as home:
+                argv = sandbox_argv(max_open_files=256, max_processes=256, memory_limit_bytes=None, cpu_seconds=None,
+                                    netns=False, uid=None, pidns=True, scratch_bytes=1 << 20, workdir=home)
+                probe = "import os; open('mark', 'w').close(); os.stat('/tmp/mark')"  # the scratch, also on /tmp
+                try:
+                    r = subprocess.run([*argv, sys.executable, "-c", probe], cwd=home, stdin=subprocess.DEVNULL,
+                                       capture_output=True, text=True, timeout=60)
+                    lines = (r.stderr or "").strip().splitlines()
+                    why = None if r.returncode == 0 else (lines[-1] if lines else f"exit status {r.returncode}")
+                except (OSError, subprocess.TimeoutExpired) as e:
+                    why = f"the probe failed: {e}"
+                if why is None and os.listdir(home):
+                    why = "the probe's writes reached the host"
+        _SCRATCH.append(why)
+    return _SCRATCH[0]
 
 
 @dataclass
@@ -246,6 +280,8 @@ class Executor:
             return Reason.SANDBOX_FAILED, "network namespace could not be created"
         if code == PIDNS_REFUSED and self.pid_namespace:
             return Reason.SANDBOX_FAILED, "PID namespace could not be created"
+        if code == SCRATCH_REFUSED:
+            return Reason.SANDBOX_FAILED, "the executor's writes could not be confined to its scratch"
         if code == CGROUP_REFUSED and self.cgroup is not None:
             return Reason.SANDBOX_FAILED, f"the executor could not join its cgroup {self.cgroup.path}"
         return Reason.CRASHED, f"executor exited with status {code}"
@@ -307,6 +343,7 @@ def spawn(device: str, base_dir: Path, policy: SandboxPolicy, single_use: bool,
     uid = lease.uid if lease is not None else None
     netns = policy.isolate_network and network_namespaces_available()
     pidns = policy.pid_namespace and pid_namespaces_available()
+    scratch = policy.scratch_bytes if policy.drop_privileges else None  # privilege_problem said pidns is there
     if uid is not None:
         os.chown(workdir, uid, uid)  # mode 0700 (mkdtemp): no other executor may look in
     env = _executor_env(device, workdir, policy)
@@ -315,7 +352,8 @@ def spawn(device: str, base_dir: Path, policy: SandboxPolicy, single_use: bool,
     cgroup = ExecutorCgroup.create() if device == "cpu" else None  # what a CPU slot's timing bound reads
     spec = sandbox_spec(max_open_files=limits.max_open_files, max_processes=limits.max_processes,
                         memory_limit_bytes=limits.memory_limit_bytes, cpu_seconds=limits.cpu_seconds,
-                        netns=netns, uid=uid, pidns=pidns, cgroup=cgroup.procs_file if cgroup is not None else None)
+                        netns=netns, uid=uid, pidns=pidns, cgroup=cgroup.procs_file if cgroup is not None else None,
+                        scratch_bytes=scratch, workdir=str(workdir))
     try:
         proc = _forked(server, spec, env, workdir, device, theirs, side_theirs, arena) if server is not None else None
         if proc is None:
