@@ -16,6 +16,7 @@ from fibray.schema import Solution
 from fibray.store import scan
 from fibray.sweep import run_sweep
 from fibray.workers.gpu_lock import GpuLock
+from fibray.workers.process.sandbox import SandboxPolicy
 from fibray.workers.slot import GpuSlot
 from fibray.workers.spec import SlotSpec
 from _sweep_helpers import reachable_tmpdir, smoke_config
@@ -95,7 +96,9 @@ def run(hidden_states, weight, output):
 
 @pytest.fixture(scope="module")
 def lanes_slot():
-    s = GpuSlot(SlotSpec("lanes", workdir=str(reachable_tmpdir("fibray-lanes-")), standby=True, spare_isolated=1, lanes=2))
+    # the tickers below report to a file of the test's, so their writes are not confined to a scratch
+    s = GpuSlot(SlotSpec("lanes", workdir=str(reachable_tmpdir("fibray-lanes-")), standby=True, spare_isolated=1, lanes=2,
+                         sandbox=SandboxPolicy(scratch_bytes=None)))
     s.gpu = _Recorder(s._alone)
     s.info()
     yield s

@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 
 import pytest
@@ -351,8 +352,9 @@ def write(path, n):
         except OSError:
             pass
 here = os.getcwd()
-print(here == sys.argv[1], os.environ["HOME"] == here)
-for place in [here, "/tmp", "/var/tmp", "/dev/shm", "/", "/etc", os.path.dirname(here), os.path.dirname(os.__file__)]:
+import tempfile
+print(here == sys.argv[1], os.environ["HOME"] == here == tempfile.gettempdir())
+for place in [here, "/dev/shm", "/tmp", "/var/tmp", "/", "/etc", os.path.dirname(here), os.path.dirname(os.__file__)]:
     print(place, write(os.path.join(place, "probe"), 1))
 print("big", write(os.path.join(here, "big"), 64))
 '''
@@ -360,7 +362,7 @@ print("big", write(os.path.join(here, "big"), 64))
 
 @pytest.mark.skipif(os.geteuid() != 0 or not sandbox.pid_namespaces_available(), reason="needs root and namespaces")
 def test_an_executor_writes_only_into_a_scratch_of_its_own_of_bounded_size():
-    base = reachable_tmpdir("fibray-scratch-")  # below /tmp, which the scratch covers too: the path must survive
+    base = reachable_tmpdir("fibray-scratch-")
     workdir = base / "exec"
     lease = sandbox.uid_pool(sandbox.SandboxPolicy()).lease()
     try:
@@ -369,16 +371,17 @@ def test_an_executor_writes_only_into_a_scratch_of_its_own_of_bounded_size():
         argv = sandbox_argv(max_open_files=256, max_processes=256, memory_limit_bytes=None, cpu_seconds=None,
                             netns=False, uid=lease.uid, pidns=True, scratch_bytes=16 << 20, workdir=str(workdir))
         out = subprocess.run([*argv, sys.executable, "-c", _WRITES, str(workdir)], cwd=workdir, capture_output=True,
-                             text=True, timeout=120, env={"HOME": str(workdir), "PATH": os.environ["PATH"],
+                             text=True, timeout=120, env={"HOME": str(workdir), "TMPDIR": str(workdir), "PATH": os.environ["PATH"],
                                                           "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)})
         assert out.returncode == 0, out.stderr
         lines = out.stdout.splitlines()
-        assert lines[0] == "True True", out.stdout  # its directory, at the same path, is its cwd and home
+        assert lines[0] == "True True", out.stdout  # its directory, at the same path, is its cwd, home and TMPDIR
         got = dict(line.rsplit(" ", 1) for line in lines[1:])
-        for place in (str(workdir), "/tmp", "/var/tmp", "/dev/shm"):
+        for place in (str(workdir), "/dev/shm"):
             assert got[place] == "ok", out.stdout
-        for place in ("/", "/etc", str(base), os.path.dirname(os.__file__)):
+        for place in ("/tmp", "/var/tmp", "/", "/etc", str(base), os.path.dirname(os.__file__)):
             assert got[place] in ("EROFS", "EACCES"), out.stdout
+        assert got["/tmp"] == "EROFS", out.stdout  # writable by every uid on the host, read-only here
         assert got["big"] == "ENOSPC", out.stdout  # 64 MiB into a 16 MiB scratch
         assert os.listdir(workdir) == [] and os.listdir(base) == ["exec"]  # nothing reached the host
     finally:
@@ -394,3 +397,11 @@ def test_executors_whose_writes_cannot_be_confined_are_refused(monkeypatch):
     with pytest.raises(sandbox.PrivilegeError, match="runner.scratch_gb"):
         sandbox.spawn("cpu", reachable_tmpdir("fibray-refuse-"), sandbox.SandboxPolicy(), single_use=True)
     assert sandbox.privilege_problem(sandbox.SandboxPolicy(scratch_bytes=None), None) is None
+    monkeypatch.setattr(sandbox, "_SCRATCH", [None])
+    shm = tempfile.mkdtemp(prefix="fibray-work-", dir="/dev/shm")
+    try:
+        os.chmod(shm, 0o755)
+        why = sandbox.privilege_problem(sandbox.SandboxPolicy(), shm)
+        assert why is not None and f"runner.workdir {shm} is below /dev/shm" in why
+    finally:
+        os.rmdir(shm)

@@ -148,8 +148,8 @@ class RunnerConfig(_Strict):
     memory_limit_gb: Optional[float] = Field(default=16.0, gt=0)
     """Address-space limit of a CPU executor, GiB (not applied on GPUs: CUDA maps huge address ranges)."""
     scratch_gb: Optional[float] = Field(default=1.0, gt=0)
-    """All an executor may write, GiB: a memory-backed scratch of its own (its home, /tmp, /var/tmp and
-    /dev/shm); every other mount is read-only to it. Null: it writes wherever its uid may (a candidate
+    """All an executor may write, GiB: a memory-backed scratch of its own (its home and TMPDIR, also on
+    /dev/shm); every other mount, /tmp included, is read-only to it. Null: it writes wherever its uid may (a candidate
     that fills the disk could then stop the sweep)."""
     max_open_files: int = Field(default=4096, ge=64)
     """Open-file limit of an executor."""

@@ -39,8 +39,9 @@ PIDNS_REFUSED = 122
 """Exit status when a PID namespace (and its /proc) was asked for and refused."""
 SCRATCH_REFUSED = 120
 """Exit status when the executor's writes were to be confined to its scratch and could not be."""
-WRITABLE = ("/tmp", "/var/tmp", "/dev/shm")
-"""Where programs expect to write besides their home: the executor's scratch is mounted there too."""
+WRITABLE = ("/dev/shm",)
+"""Where programs expect to write besides their home and TMPDIR (both the scratch): the scratch is mounted
+there too. Not /tmp: the host may keep the interpreter, its packages or fibray there, which must stay visible."""
 
 
 def sandbox_spec(*, max_open_files: int, max_processes: int, memory_limit_bytes: int | None,
@@ -119,9 +120,9 @@ def _mounts() -> list[tuple[str, set[str]]]:
 
 def _confine_writes(libc, size: int, workdir: str, uid: int | None) -> None:
     """In the executor's own mount namespace: every mount read-only, then a tmpfs of `size` bytes over
-    `workdir` (owned by `uid`), also mounted on WRITABLE, so all it can write is bounded: a candidate that
-    fills it fills its own scratch, not the host's disk or memory. Ends the process when a step fails:
-    no executor rather than an unconfined one."""
+    `workdir` (its home and TMPDIR, owned by `uid`), also mounted on WRITABLE, so all it can write is
+    bounded: a candidate that fills it fills its own scratch, not the host's disk or memory. Ends the
+    process when a step fails: no executor rather than an unconfined one."""
     def refuse(what: str) -> None:
         print(f"fibray launcher: cannot confine the executor's writes: {what}", file=sys.stderr, flush=True)
         os._exit(SCRATCH_REFUSED)
@@ -130,6 +131,11 @@ def _confine_writes(libc, size: int, workdir: str, uid: int | None) -> None:
         if libc.mount(source.encode(), target.encode(), None, _MS_BIND, None) != 0:
             refuse(f"bind {target}: {os.strerror(ctypes.get_errno())}")
 
+    home = os.path.realpath(workdir)
+    covered = [os.path.realpath(t) for t in WRITABLE if os.path.isdir(t)]  # mountinfo names where a link led
+    for real in covered:
+        if os.path.commonpath([real, home]) == real:
+            refuse(f"runner.workdir {workdir} is below {real}, which the scratch covers")
     attr = (ctypes.c_uint64 * 4)(_MOUNT_ATTR_RDONLY, 0, 0, 0)  # struct mount_attr: attr_set, attr_clr, ...
     if libc.syscall(_SYS_MOUNT_SETATTR, _AT_FDCWD, b"/", _AT_RECURSIVE, ctypes.byref(attr), ctypes.sizeof(attr)) != 0:
         refuse(f"mount_setattr (Linux 5.12 or later): {os.strerror(ctypes.get_errno())}")
@@ -137,22 +143,9 @@ def _confine_writes(libc, size: int, workdir: str, uid: int | None) -> None:
     if libc.mount(b"fibray-scratch", workdir.encode(), b"tmpfs", _MS_NOSUID | _MS_NODEV,
                   f"size={size},mode=0700{owner}".encode()) != 0:
         refuse(f"tmpfs on {workdir}: {os.strerror(ctypes.get_errno())}")
-    scratch = os.open(workdir, os.O_PATH | os.O_DIRECTORY)
-    here = f"/proc/self/fd/{scratch}"
-    ours = {os.path.realpath(workdir)}
-    for target in WRITABLE:
-        if os.path.isdir(target):
-            ours.add(os.path.realpath(target))  # mountinfo names where a link led
-            bind(here, target)
-    try:
-        visible = os.path.samestat(os.stat(scratch), os.stat(workdir))
-    except FileNotFoundError:
-        visible = False
-    if not visible:  # workdir was below one of WRITABLE, which now shows the scratch
-        os.makedirs(workdir, mode=0o711, exist_ok=True)  # in the scratch, only to keep the path
-        bind(here, workdir)
-    os.close(scratch)
-    still = [point for point, options in _mounts() if "ro" not in options and point not in ours]
+    for real in covered:
+        bind(workdir, real)
+    still = [point for point, options in _mounts() if "ro" not in options and point not in (home, *covered)]
     if still:
         refuse(f"{len(still)} mount(s) still writable, e.g. {still[0]}")
     os.chdir(workdir)  # the cwd was the directory below the tmpfs

@@ -31,8 +31,8 @@ from fibray.workers.process import executor
 from fibray.workers.process.arena import ARENA_BYTES, Arena
 from fibray.workers.process.cgroup import CGROUP_REFUSED, ExecutorCgroup
 from fibray.workers.process.forkserver import ForkServer, ForkServerGone
-from fibray.workers.process.launch import (NETNS_REFUSED, PIDNS_REFUSED, SCRATCH_REFUSED, launcher_argv, sandbox_argv,
-                                           sandbox_spec)
+from fibray.workers.process.launch import (NETNS_REFUSED, PIDNS_REFUSED, SCRATCH_REFUSED, WRITABLE, launcher_argv,
+                                           sandbox_argv, sandbox_spec)
 from fibray.schema.reasons import Reason
 from fibray.workers.process.uids import DEFAULT_UID_RANGE, UidLease, UidPool, process_uids
 
@@ -118,6 +118,10 @@ def privilege_problem(policy: SandboxPolicy, base_dir: Optional[str] = None) -> 
                     f"chmod o+x {blocked} and every directory above it (traverse only, as .ci/run does), {off}")
     if policy.scratch_bytes:
         why = "no PID and mount namespace of their own" if not policy.pid_namespace else scratch_problem()
+        covered = [w for w in WRITABLE if base_dir and os.path.commonpath([os.path.realpath(w), os.path.realpath(base_dir)])
+                   == os.path.realpath(w)]
+        if covered:
+            why = f"runner.workdir {base_dir} is below {covered[0]}, which each executor's scratch covers (choose another)"
         if why is not None:
             return (f"executors' writes cannot be confined to a scratch of runner.scratch_gb: {why}; fix that, or let "
                     f"candidates write wherever their uid may (one that fills the disk could then stop the sweep) "
@@ -200,7 +204,7 @@ def scratch_problem() -> Optional[str]:
             with tempfile.TemporaryDirectory(prefix="fibray-scratch-probe-") as home:
                 argv = sandbox_argv(max_open_files=256, max_processes=256, memory_limit_bytes=None, cpu_seconds=None,
                                     netns=False, uid=None, pidns=True, scratch_bytes=1 << 20, workdir=home)
-                probe = "import os; open('mark', 'w').close(); os.stat('/tmp/mark')"  # the scratch, also on /tmp
+                probe = "open('mark', 'w').close()"  # into the scratch, at the path it was given
                 try:
                     r = subprocess.run([*argv, sys.executable, "-c", probe], cwd=home, stdin=subprocess.DEVNULL,
                                        capture_output=True, text=True, timeout=60)
