@@ -312,3 +312,15 @@ def test_each_change_of_solution_takes_a_warm_standby_and_a_new_one_starts(tmp_p
         assert s.counters["solution_changes"] == 2 and s.counters["promotions"] == 2
     finally:
         s.shutdown()
+
+
+def test_a_workloads_reference_is_timed_once_and_later_jobs_take_no_gpu_for_it(slot):
+    job = _jobs()[0]
+    job = job.model_copy(update={"settings": job.settings.model_copy(update={"seed": 4242})})  # a workload state of its own
+    first = slot.evaluate(job, "auto", now_iso())
+    second = slot.evaluate(job.model_copy(update={"job_id": job.job_id + "-again"}), "auto", now_iso())
+    assert first.evaluation.status.value == second.evaluation.status.value == "PASSED"
+    assert first.phases.get("reference_timing", 0.0) > 0.0
+    assert "reference_timing" not in second.phases  # no exclusive hold: the other executors were not stopped for it
+    p1, p2 = first.evaluation.performance, second.evaluation.performance
+    assert p2.reference_latency_ms == p1.reference_latency_ms and p2.reference_job_id == p1.reference_job_id == job.job_id

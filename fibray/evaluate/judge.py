@@ -331,6 +331,14 @@ class Judge:
             return None
         return job.known_references.get(environment_key(self.env.hardware, self.env.libs))
 
+    def reference_ready(self, job: Job, state: _WorkloadState) -> bool:
+        """Whether `passed` needs no time on the GPU: the device's limits are measured and the reference's
+        latency is known (timed for this workload already, in the store, or not asked for)."""
+        if self.known_reference(job) is not None:
+            return True
+        measured = self.caps is not None or self.device.type != "cuda"  # a CPU has no roofline to measure
+        return measured and (not job.settings.time_reference or state.ref_stats is not None)
+
     def passed(self, job: Job, state: _WorkloadState, verdict: CheckResult, timing: Timing) -> Evaluation:
         s = job.settings
         stats = LatencyStats.of(timing.samples_ms)

@@ -196,7 +196,7 @@ def _protocol(job: Job, judge: Judge, calls, phase: Phases, gpu, state: _Workloa
             again.message = "a call on new values in a reused buffer returned a wrong answer: " + again.message
         return judge.failed(job, again)
     timing = Timing(result.samples_ms, result.mode, result.sync_overhead_ms)
-    if judge.known_reference(job) is not None:  # timed before, in this environment: not again
+    if judge.reference_ready(job, state):  # timed before (this workload, or the store's): no GPU time needed
         return judge.passed(job, state, verdict, timing)
     with gpu.hold(phase, "reference_timing", exclusive=True):
         return judge.passed(job, state, verdict, timing)
