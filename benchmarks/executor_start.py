@@ -7,12 +7,14 @@ cost warm standbys must hide. Prints, first, where a bare interpreter's start go
 `import torch`, the device context, `import triton`, fibray's candidate runner), each measured in
 a fresh process; then spawn-to-hello of real sandboxed executors (the sweep's default policy:
 their own uid when run as root, network and PID namespaces), `count` at once, each starting its own
-interpreter (the baseline) and forked from a warm fork server (fibray.workers.process.forkserver).
+interpreter (the baseline) and forked from a warm fork server (fibray.workers.process.forkserver);
+and forked with writes confined to a scratch (runner.scratch_gb, the default) against without.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import statistics
 import subprocess
 import sys
@@ -55,7 +57,6 @@ def executors(device: str, counts: list[int]) -> None:
     from fibray.sweep.pool import PoolOptions
     from fibray.workers.process import sandbox
     from fibray.workers.slot import GpuSlot
-    from fibray.workers.spec import SlotSpec
 
     spec = PoolOptions.from_runner(RunnerConfig(), num_slots=1).slot_spec("start-bench")
     base = Path(tempfile.mkdtemp(prefix="fibray-exstart-"))
@@ -64,9 +65,9 @@ def executors(device: str, counts: list[int]) -> None:
           f"pid namespace={spec.sandbox.pid_namespace}", flush=True)
     ready = GpuSlot._ready
 
-    def batch(n: int, server) -> float:
+    def batch(n: int, server, policy=spec.sandbox, how: str = "") -> float:
         t0 = time.perf_counter()
-        exs = [sandbox.spawn(device, base, spec.sandbox, single_use=False, server=server) for _ in range(n)]
+        exs = [sandbox.spawn(device, base, policy, single_use=False, server=server) for _ in range(n)]
         spawned = time.perf_counter() - t0
         times = []
         for ex in exs:
@@ -74,7 +75,7 @@ def executors(device: str, counts: list[int]) -> None:
             times.append(time.perf_counter() - t0)
         for ex in exs:
             sandbox.retire(ex)
-        how = "forked" if server is not None else "own interpreter"
+        how = how or ("forked" if server is not None else "own interpreter")
         print(f"{how}: {n} executor(s) at once: spawned in {spawned:.2f} s; ready after {min(times):.2f} s (first), "
               f"{max(times):.2f} s (last): {n / max(times):.2f} executors/s", flush=True)
         return n / max(times)
@@ -87,7 +88,12 @@ def executors(device: str, counts: list[int]) -> None:
           flush=True)
     try:
         for n in counts:
-            print(f"  {n} at once: forked / own interpreter = {batch(n, server) / plain[n]:.1f}x executors/s", flush=True)
+            forked = batch(n, server)
+            print(f"  {n} at once: forked / own interpreter = {forked / plain[n]:.1f}x executors/s", flush=True)
+            if spec.sandbox.scratch_bytes and spec.sandbox.drop_privileges:  # what confining writes costs a start
+                loose = batch(n, server, dataclasses.replace(spec.sandbox, scratch_bytes=None), "forked, writes anywhere")
+                print(f"  {n} at once: writes confined to a scratch / anywhere = {forked / loose:.2f}x executors/s",
+                      flush=True)
     finally:
         server.close()
 
