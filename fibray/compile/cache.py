@@ -49,6 +49,12 @@ class Compiler(Protocol):
 
 Fingerprint = Callable[[Solution], dict[str, str]]
 
+
+class Jail(Protocol):
+    def compile(self, solution: Solution, outdir: Path, timeout_s: float) -> None:
+        """Run the solution's compiler into outdir somewhere it reads and writes only what any user may
+        (fibray.workers.process.compile_jail); outdir is fibray's again when it returns. Raise BuildError."""
+
 _COMPILERS: dict[str, tuple[Compiler, Fingerprint]] = {}
 
 
@@ -120,8 +126,10 @@ class ArtifactCache:
 
     def __init__(self, root: str | Path, *, lock_deadline_s: float = deadlines.BUILD_LOCK_S,
                  compile_timeout_s: float = deadlines.COMPILE_S,
-                 poll_s: float = deadlines.BUILD_LOCK_POLL_S) -> None:
+                 poll_s: float = deadlines.BUILD_LOCK_POLL_S, jail: Optional[Jail] = None) -> None:
         self.root = Path(root)
+        self.jail = jail
+        """Where compilers run (None: in this process, with its privileges)."""
         self.lock_deadline_s = lock_deadline_s
         self.compile_timeout_s = compile_timeout_s
         self.poll_s = poll_s
@@ -177,7 +185,7 @@ class ArtifactCache:
         t0 = time.monotonic()
         status, reason, message = "ok", None, ""
         try:
-            compiler(solution, tmp, self.compile_timeout_s)
+            (self.jail.compile if self.jail is not None else compiler)(solution, tmp, self.compile_timeout_s)
         except BuildError as e:
             status, reason, message = "failed", e.reason, str(e)
         entry = CacheEntry(
@@ -232,17 +240,20 @@ def exclusive_lock(path: Path, deadline_s: float, poll_s: float = deadlines.BUIL
         os.close(fd)  # closing releases the flock
 
 
-def compile_ahead(solution: Solution, cache_dir: str | Path, timeout_s: float = deadlines.COMPILE_S) -> Optional[str]:
+def compile_ahead(solution: Solution, cache_dir: str | Path, timeout_s: float = deadlines.COMPILE_S,
+                  jail: Optional[Jail] = None) -> Optional[str]:
     """Compile a solution into the shared cache before any GPU sees it (a plain CPU task).
 
     Returns the error text of a failed compile (cached or fresh), or None when the solution
     built or its language needs no compile; timeout_s bounds the compile (use the sweep's
     eval.build_deadline_s). Raises BuildLockTimeout if another compiler held the key too long.
-    Safe in `ray.remote(num_cpus=1)`: it needs nvcc, no GPU.
+    Safe in `ray.remote(num_cpus=1)`: it needs nvcc, no GPU. `jail`: where the compiler runs (a process
+    with fibray's privileges must not let a solution's `#include` read what they can).
     """
     if compiler_for(solution.spec.language.value) is None:
         return None
-    result = ArtifactCache(cache_dir, compile_timeout_s=timeout_s, lock_deadline_s=timeout_s + deadlines.BUILD_LOCK_GRACE_S).ensure(solution)
+    result = ArtifactCache(cache_dir, compile_timeout_s=timeout_s, lock_deadline_s=timeout_s + deadlines.BUILD_LOCK_GRACE_S,
+                           jail=jail).ensure(solution)
     return None if result.entry.status == "ok" else result.entry.message
 
 

@@ -69,13 +69,15 @@ class PoolBackend:
         import ray
 
         from fibray.compile.cache import compile_ahead
+        from fibray.workers.process.compile_jail import compile_jail
 
         solutions = {j.solution.hash: j.solution for j in jobs if j.solution.spec.language.value in ("cuda", "cpp")}
         if not solutions or self._build_cache is None:
             return
         deadline = self.cfg.eval.build_deadline_s
         task = ray.remote(num_cpus=1)(compile_ahead)
-        refs = [task.remote(s, self._build_cache, deadline) for s in solutions.values()]
+        jail = compile_jail(self.cfg.runner.drop_privileges, self.cfg.runner.uid_range)
+        refs = [task.remote(s, self._build_cache, deadline, jail) for s in solutions.values()]
         ray.wait(refs, num_returns=len(refs), timeout=deadline + deadlines.COMPILE_AHEAD_GRACE_S)
 
     def evaluate(self, jobs: Sequence[Job]) -> dict[str, JobResult]:

@@ -206,12 +206,13 @@ def run_many(work: Sequence[tuple[list[str], str, SanitizeJob]], *, deadline_s: 
     """run_tool for each (prefix, tool, job), `parallel` at a time, in order; the candidates compiled
     once, here, into a cache the runs only read (an executor never writes a shared cache)."""
     from fibray.compile.cache import compile_ahead
+    from fibray.workers.process.compile_jail import compile_jail
 
     cache = tempfile.mkdtemp(prefix="fibray-gate-builds-")
     os.chmod(cache, 0o755)
     try:
         for solution in {job.solution.hash: job.solution for _, _, job in work}.values():
-            compile_ahead(solution, cache, deadline_s)
+            compile_ahead(solution, cache, deadline_s, compile_jail(policy.drop_privileges, policy.uid_range))
         with ThreadPoolExecutor(max_workers=max(1, parallel)) as pool:
             return list(pool.map(lambda w: run_tool(w[0], w[1], w[2], deadline_s, build_cache=cache, policy=policy,
                                                     module=module, inspect=inspect), work))

@@ -251,6 +251,7 @@ def compile_ahead_on_cpus(todo: list[Job], cfg: SweepConfig) -> Optional[str]:
     import ray
 
     from fibray.compile.cache import compile_ahead
+    from fibray.workers.process.compile_jail import compile_jail
     from fibray.workers.process.sandbox import world_executable
 
     solutions = {j.solution.hash: j.solution for j in todo if j.solution.spec.language.value in ("cuda", "cpp")}
@@ -264,7 +265,8 @@ def compile_ahead_on_cpus(todo: list[Job], cfg: SweepConfig) -> Optional[str]:
     deadline = cfg.eval.build_deadline_s
     log.info("compiling %d CUDA/C++ solution(s) ahead on CPU workers ...", len(solutions))
     task = ray.remote(num_cpus=1)(compile_ahead)
-    refs = [task.remote(s, str(cache), deadline) for s in solutions.values()]
+    jail = compile_jail(cfg.runner.drop_privileges, cfg.runner.uid_range)  # the compiler reads what any user may
+    refs = [task.remote(s, str(cache), deadline, jail) for s in solutions.values()]
     done, pending = ray.wait(refs, num_returns=len(refs), timeout=deadline + deadlines.COMPILE_AHEAD_GRACE_S)
     failed = sum(1 for r in done if ray.get(r) is not None)
     log.info("compiled %d CUDA/C++ solutions ahead on CPU workers (%d failed, %d still compiling)",
