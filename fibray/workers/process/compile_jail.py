@@ -55,12 +55,13 @@ class CompileJail:  # a fibray.compile.cache.Jail
             env = scrubbed_env({"HOME": str(outdir), "PYTHONDONTWRITEBYTECODE": "1"})
             proc = subprocess.Popen(argv, cwd=outdir, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                     stderr=subprocess.STDOUT, text=True, errors="replace", start_new_session=True)
+            limit = 3 * timeout_s + STARTUP_S  # a backstop: each compiler command has timeout_s of its own
             try:
-                out, _ = proc.communicate(solution.model_dump_json(), timeout=3 * timeout_s + STARTUP_S)
+                out, _ = proc.communicate(solution.model_dump_json(), timeout=limit)
             except subprocess.TimeoutExpired:
                 kill_tree(proc.pid, proc.pid)
                 out, _ = proc.communicate()
-                raise BuildError(f"the compile did not finish within {3 * timeout_s + STARTUP_S:.0f}s\n{bound_output(out)}",
+                raise BuildError(f"the compile did not finish within {limit:.0f}s\n{bound_output(out)}",
                                  Reason.COMPILE_TIMEOUT) from None
         finally:
             try:

@@ -120,36 +120,43 @@ def _mounts() -> list[tuple[str, set[str]]]:
     return list(out.items())
 
 
+def scratch_covers(workdir: str) -> str | None:
+    """The one of WRITABLE (where a link leads) that `workdir` lies below: the scratch mounted there would hide it."""
+    home = os.path.realpath(workdir)
+    for target in WRITABLE:
+        real = os.path.realpath(target)
+        if os.path.commonpath([real, home]) == real:
+            return real
+    return None
+
+
+def _refuse_scratch(what: str) -> None:
+    print(f"fibray launcher: cannot confine the executor's writes: {what}", file=sys.stderr, flush=True)
+    os._exit(SCRATCH_REFUSED)
+
+
 def _confine_writes(libc, size: int, workdir: str, uid: int | None) -> None:
     """In the executor's own mount namespace: every mount read-only, then a tmpfs of `size` bytes over
     `workdir` (its home and TMPDIR, owned by `uid`), also mounted on WRITABLE, so all it can write is
     bounded: a candidate that fills it fills its own scratch, not the host's disk or memory. Ends the
     process when a step fails: no executor rather than an unconfined one."""
-    def refuse(what: str) -> None:
-        print(f"fibray launcher: cannot confine the executor's writes: {what}", file=sys.stderr, flush=True)
-        os._exit(SCRATCH_REFUSED)
-
-    def bind(source: str, target: str) -> None:
-        if libc.mount(source.encode(), target.encode(), None, _MS_BIND, None) != 0:
-            refuse(f"bind {target}: {os.strerror(ctypes.get_errno())}")
-
+    if (below := scratch_covers(workdir)) is not None:
+        _refuse_scratch(f"runner.workdir {workdir} is below {below}, which the scratch covers")
     home = os.path.realpath(workdir)
     covered = [os.path.realpath(t) for t in WRITABLE if os.path.isdir(t)]  # mountinfo names where a link led
-    for real in covered:
-        if os.path.commonpath([real, home]) == real:
-            refuse(f"runner.workdir {workdir} is below {real}, which the scratch covers")
     attr = (ctypes.c_uint64 * 4)(_MOUNT_ATTR_RDONLY, 0, 0, 0)  # struct mount_attr: attr_set, attr_clr, ...
     if libc.syscall(_SYS_MOUNT_SETATTR, _AT_FDCWD, b"/", _AT_RECURSIVE, ctypes.byref(attr), ctypes.sizeof(attr)) != 0:
-        refuse(f"mount_setattr (Linux 5.12 or later): {os.strerror(ctypes.get_errno())}")
+        _refuse_scratch(f"mount_setattr (Linux 5.12 or later): {os.strerror(ctypes.get_errno())}")
     owner = f",uid={uid},gid={uid}" if uid is not None else ""
     if libc.mount(b"fibray-scratch", workdir.encode(), b"tmpfs", _MS_NOSUID | _MS_NODEV,
                   f"size={size},mode=0700{owner}".encode()) != 0:
-        refuse(f"tmpfs on {workdir}: {os.strerror(ctypes.get_errno())}")
+        _refuse_scratch(f"tmpfs on {workdir}: {os.strerror(ctypes.get_errno())}")
     for real in covered:
-        bind(workdir, real)
+        if libc.mount(workdir.encode(), real.encode(), None, _MS_BIND, None) != 0:
+            _refuse_scratch(f"bind {real}: {os.strerror(ctypes.get_errno())}")
     still = [point for point, options in _mounts() if "ro" not in options and point not in (home, *covered)]
     if still:
-        refuse(f"{len(still)} mount(s) still writable, e.g. {still[0]}")
+        _refuse_scratch(f"{len(still)} mount(s) still writable, e.g. {still[0]}")
     os.chdir(workdir)  # the cwd was the directory below the tmpfs
 
 
@@ -170,9 +177,7 @@ def apply(spec: dict) -> None:
         join(spec["cgroup"])
     if spec.get("scratch"):
         if relay_gone is None:  # no mount namespace of its own: the confinement would be the host's
-            print("fibray launcher: cannot confine writes without a PID (and mount) namespace", file=sys.stderr,
-                  flush=True)
-            os._exit(SCRATCH_REFUSED)
+            _refuse_scratch("it has no PID (and mount) namespace of its own")
         _confine_writes(libc, spec["scratch"], spec["workdir"], spec["uid"])
     resource.setrlimit(resource.RLIMIT_NOFILE, (spec["nofile"], spec["nofile"]))
     resource.setrlimit(resource.RLIMIT_NPROC, (spec["nproc"], spec["nproc"]))

@@ -31,8 +31,8 @@ from fibray.workers.process import executor
 from fibray.workers.process.arena import ARENA_BYTES, Arena
 from fibray.workers.process.cgroup import CGROUP_REFUSED, ExecutorCgroup
 from fibray.workers.process.forkserver import ForkServer, ForkServerGone
-from fibray.workers.process.launch import (NETNS_REFUSED, PIDNS_REFUSED, SCRATCH_REFUSED, WRITABLE, launcher_argv,
-                                           sandbox_argv, sandbox_spec)
+from fibray.workers.process.launch import (NETNS_REFUSED, PIDNS_REFUSED, SCRATCH_REFUSED, launcher_argv, sandbox_argv,
+                                           sandbox_spec, scratch_covers)
 from fibray.schema.reasons import Reason
 from fibray.workers.process.uids import DEFAULT_UID_RANGE, UidLease, UidPool, process_uids
 
@@ -118,10 +118,9 @@ def privilege_problem(policy: SandboxPolicy, base_dir: Optional[str] = None) -> 
                     f"chmod o+x {blocked} and every directory above it (traverse only, as .ci/run does), {off}")
     if policy.scratch_bytes:
         why = "no PID and mount namespace of their own" if not policy.pid_namespace else scratch_problem()
-        covered = [w for w in WRITABLE if base_dir and os.path.commonpath([os.path.realpath(w), os.path.realpath(base_dir)])
-                   == os.path.realpath(w)]
-        if covered:
-            why = f"runner.workdir {base_dir} is below {covered[0]}, which each executor's scratch covers (choose another)"
+        below = scratch_covers(base_dir) if base_dir else None
+        if below is not None:
+            why = f"runner.workdir {base_dir} is below {below}, which each executor's scratch covers (choose another)"
         if why is not None:
             return (f"executors' writes cannot be confined to a scratch of runner.scratch_gb: {why}; fix that, or let "
                     f"candidates write wherever their uid may (one that fills the disk could then stop the sweep) "
@@ -175,20 +174,26 @@ def network_namespaces_available() -> bool:
 _PIDNS: list[bool] = []
 
 
+def _launcher_probe(code: str, cwd: Optional[str] = None, **spec) -> Optional[str]:
+    """Run `python -c code` under the launcher with sandbox `spec` (as root, no limits to speak of);
+    None when it succeeded, else why not (the launcher's last line of complaint)."""
+    argv = sandbox_argv(max_open_files=256, max_processes=256, memory_limit_bytes=None, cpu_seconds=None,
+                        netns=False, uid=None, **spec)
+    try:
+        r = subprocess.run([*argv, sys.executable, "-c", code], cwd=cwd, stdin=subprocess.DEVNULL,
+                           capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return f"the probe failed: {e}"
+    lines = (r.stderr or "").strip().splitlines()
+    return None if r.returncode == 0 else (lines[-1] if lines else f"exit status {r.returncode}")
+
+
 def pid_namespaces_available() -> bool:
     """Whether the launcher can put an executor in a PID namespace with its own /proc here (tried
     once per process: containers often refuse it)."""
     if not _PIDNS:
         ok = os.geteuid() == 0 and sys.platform.startswith("linux")
-        if ok:
-            argv = sandbox_argv(max_open_files=256, max_processes=256, memory_limit_bytes=None, cpu_seconds=None,
-                                netns=False, uid=None, pidns=True)
-            try:
-                ok = subprocess.run([*argv, sys.executable, "-c", "import os; assert os.getpid() == 1"],
-                                    stdin=subprocess.DEVNULL, capture_output=True, timeout=60).returncode == 0
-            except (OSError, subprocess.TimeoutExpired):
-                ok = False
-        _PIDNS.append(ok)
+        _PIDNS.append(ok and _launcher_probe("import os; assert os.getpid() == 1", pidns=True) is None)
     return _PIDNS[0]
 
 
@@ -202,16 +207,8 @@ def scratch_problem() -> Optional[str]:
         why = None if pid_namespaces_available() else "this host refuses PID and mount namespaces"
         if why is None:
             with tempfile.TemporaryDirectory(prefix="fibray-scratch-probe-") as home:
-                argv = sandbox_argv(max_open_files=256, max_processes=256, memory_limit_bytes=None, cpu_seconds=None,
-                                    netns=False, uid=None, pidns=True, scratch_bytes=1 << 20, workdir=home)
-                probe = "open('mark', 'w').close()"  # into the scratch, at the path it was given
-                try:
-                    r = subprocess.run([*argv, sys.executable, "-c", probe], cwd=home, stdin=subprocess.DEVNULL,
-                                       capture_output=True, text=True, timeout=60)
-                    lines = (r.stderr or "").strip().splitlines()
-                    why = None if r.returncode == 0 else (lines[-1] if lines else f"exit status {r.returncode}")
-                except (OSError, subprocess.TimeoutExpired) as e:
-                    why = f"the probe failed: {e}"
+                # into the scratch, at the path it was given: nothing may reach the host's folder
+                why = _launcher_probe("open('mark', 'w').close()", cwd=home, pidns=True, scratch_bytes=1 << 20, workdir=home)
                 if why is None and os.listdir(home):
                     why = "the probe's writes reached the host"
         _SCRATCH.append(why)
