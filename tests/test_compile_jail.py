@@ -53,3 +53,23 @@ def test_a_jailed_build_is_fibrays_own_and_writable_by_nobody_else() -> None:
             assert st.st_uid == os.geteuid() and not st.st_mode & 0o022, name  # no executor may write it
             assert stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode), name
     assert (result.path / "lib.so").is_file()
+
+
+def test_the_offender_that_includes_a_root_only_file_builds_it_in_only_without_the_jail() -> None:
+    from fibray.schema import Solution
+
+    offender = Solution.model_validate_json((Path(__file__).parent / "candidates" / "includes_root_file.json").read_text())
+    folder = Path("/tmp/fibray-compile-secret")  # where tests/candidates/includes_root_file.json looks
+    folder.mkdir(mode=0o755, exist_ok=True)
+    key = folder / "signing.key"
+    key.write_text(f'static const char fibray_signing_key[] = "{SECRET}";\n')
+    key.chmod(0o600)
+    try:
+        jailed = compile_ahead(offender, reachable_tmpdir("fibray-jail-cache-"), 120, jail=CompileJail())
+        assert jailed is not None and "Permission denied" in jailed and SECRET not in jailed
+        cache = ArtifactCache(reachable_tmpdir("fibray-open-cache-"), compile_timeout_s=120)  # root's own compiler
+        built = cache.ensure(offender)
+        assert built.entry.status == "ok", built.entry.message
+        assert SECRET.encode() in (built.path / "lib.so").read_bytes()  # the secret, in what the candidate runs
+    finally:
+        key.unlink()
