@@ -357,6 +357,12 @@ print(here == sys.argv[1], os.environ["HOME"] == here == tempfile.gettempdir())
 for place in [here, "/dev/shm", "/tmp", "/var/tmp", "/", "/etc", os.path.dirname(here), os.path.dirname(os.__file__)]:
     print(place, write(os.path.join(place, "probe"), 1))
 print("big", write(os.path.join(here, "big"), 64))
+try:  # its own procfs stays writable: the CUDA driver writes there (cuInit fails on a read-only /proc)
+    with open("/proc/self/comm", "w") as f:
+        f.write("renamed")
+    print("proc", open("/proc/self/comm").read().strip())
+except OSError as e:
+    print("proc", errno.errorcode[e.errno])
 '''
 
 
@@ -383,6 +389,7 @@ def test_an_executor_writes_only_into_a_scratch_of_its_own_of_bounded_size():
             assert got[place] in ("EROFS", "EACCES"), out.stdout
         assert got["/tmp"] == "EROFS", out.stdout  # writable by every uid on the host, read-only here
         assert got["big"] == "ENOSPC", out.stdout  # 64 MiB into a 16 MiB scratch
+        assert got["proc"] == "renamed", out.stdout
         assert os.listdir(workdir) == [] and os.listdir(base) == ["exec"]  # nothing reached the host
     finally:
         lease.release()

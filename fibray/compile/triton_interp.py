@@ -63,12 +63,29 @@ def patch_interpreter_casts() -> None:
     _patched = True
 
 
-def prepare_triton() -> None:
+def _cuda_error() -> str:
+    """Why torch cannot use CUDA in this process (its first line)."""
+    import torch
+
+    try:
+        torch.cuda.init()
+    except Exception as e:  # noqa: BLE001  (the reason is all that is wanted)
+        return str(e).splitlines()[0] if str(e) else type(e).__name__
+    return "torch.cuda.is_available() is False"
+
+
+def prepare_triton(device: str | None = None) -> None:
     """Select the interpreter when there is no GPU and patch it.
 
     Must run before triton is first imported: triton decorates its own standard library
     (tl.sum, tl.cdiv, ...) at import time, interpreted or compiled, once and for all.
+    `device`: the device this process is to run on; for a CUDA one the interpreter is never
+    selected, and CUDA unusable here is an error that says why.
     """
+    if device is not None and device.startswith("cuda"):
+        if not has_cuda():
+            raise RuntimeError(f"this process is to run on {device}, but CUDA is unusable in it: {_cuda_error()}")
+        return
     if not has_cuda() and os.environ.get("TRITON_INTERPRET") != "1":
         if "triton" in sys.modules:
             raise RuntimeError(

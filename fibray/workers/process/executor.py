@@ -47,7 +47,7 @@ def main(argv: list[str] | None = None) -> None:
 
     from fibray.compile import prepare_triton
 
-    prepare_triton()
+    prepare_triton(args.device)
     from fibray.evaluate.candidate import CandidateRunner, classify_exception
     from fibray.workers.process.channel import Arena, ChannelClosed, Health, Hello, Op, Reply, Request, recv, recv_fds, send
 

@@ -235,7 +235,7 @@ def _warm(device: str) -> None:
     helpers (a host-compiled module: loaded here, inherited by every child). No CUDA context."""
     from fibray.compile import prepare_triton
 
-    prepare_triton()
+    prepare_triton(device)
     import torch  # noqa: F401
     import triton  # noqa: F401
 

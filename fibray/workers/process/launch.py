@@ -39,6 +39,8 @@ PIDNS_REFUSED = 122
 """Exit status when a PID namespace (and its /proc) was asked for and refused."""
 SCRATCH_REFUSED = 120
 """Exit status when the executor's writes were to be confined to its scratch and could not be."""
+PROC = "/proc"
+"""The executor's own procfs: its mount stays writable (see `_confine_writes`)."""
 WRITABLE = ("/dev/shm",)
 """Where programs expect to write besides their home and TMPDIR (both the scratch): the scratch is mounted
 there too. Not /tmp: the host may keep the interpreter, its packages or fibray there, which must stay visible."""
@@ -103,7 +105,7 @@ def _enter_pid_namespace(libc, parent: int) -> int:
         _relay(child, parent, relay_alive)
     os.close(relay_alive)
     if (libc.mount(b"none", b"/", None, _MS_REC | _MS_PRIVATE, None) != 0
-            or libc.mount(b"proc", b"/proc", b"proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC, None) != 0):
+            or libc.mount(b"proc", PROC.encode(), b"proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC, None) != 0):
         os._exit(PIDNS_REFUSED)
     return relay_gone
 
@@ -147,6 +149,12 @@ def _confine_writes(libc, size: int, workdir: str, uid: int | None) -> None:
     attr = (ctypes.c_uint64 * 4)(_MOUNT_ATTR_RDONLY, 0, 0, 0)  # struct mount_attr: attr_set, attr_clr, ...
     if libc.syscall(_SYS_MOUNT_SETATTR, _AT_FDCWD, b"/", _AT_RECURSIVE, ctypes.byref(attr), ctypes.sizeof(attr)) != 0:
         _refuse_scratch(f"mount_setattr (Linux 5.12 or later): {os.strerror(ctypes.get_errno())}")
+    # its own /proc (mounted with the PID namespace) stays writable, not what is mounted below it: the CUDA
+    # driver writes there (cuInit failed with error 304 on the H200 without it), and procfs holds no file
+    # that grows, only the kernel's settings, each guarded by its own permission checks
+    attr = (ctypes.c_uint64 * 4)(0, _MOUNT_ATTR_RDONLY, 0, 0)
+    if libc.syscall(_SYS_MOUNT_SETATTR, _AT_FDCWD, PROC.encode(), 0, ctypes.byref(attr), ctypes.sizeof(attr)) != 0:
+        _refuse_scratch(f"mount_setattr on {PROC}: {os.strerror(ctypes.get_errno())}")
     owner = f",uid={uid},gid={uid}" if uid is not None else ""
     if libc.mount(b"fibray-scratch", workdir.encode(), b"tmpfs", _MS_NOSUID | _MS_NODEV,
                   f"size={size},mode=0700{owner}".encode()) != 0:
@@ -154,7 +162,7 @@ def _confine_writes(libc, size: int, workdir: str, uid: int | None) -> None:
     for real in covered:
         if libc.mount(workdir.encode(), real.encode(), None, _MS_BIND, None) != 0:
             _refuse_scratch(f"bind {real}: {os.strerror(ctypes.get_errno())}")
-    still = [point for point, options in _mounts() if "ro" not in options and point not in (home, *covered)]
+    still = [point for point, options in _mounts() if "ro" not in options and point not in (home, *covered, PROC)]
     if still:
         _refuse_scratch(f"{len(still)} mount(s) still writable, e.g. {still[0]}")
     os.chdir(workdir)  # the cwd was the directory below the tmpfs
