@@ -324,3 +324,56 @@ def test_a_workloads_reference_is_timed_once_and_later_jobs_take_no_gpu_for_it(s
     assert "reference_timing" not in second.phases  # no exclusive hold: the other executors were not stopped for it
     p1, p2 = first.evaluation.performance, second.evaluation.performance
     assert p2.reference_latency_ms == p1.reference_latency_ms and p2.reference_job_id == p1.reference_job_id == job.job_id
+
+
+@pytest.fixture(scope="module")
+def warm_slot():
+    s = GpuSlot(SlotSpec("prewarm", workdir=str(reachable_tmpdir("fibray-slot-pw-")), standby=1, spare_isolated=0))
+    s.info()
+    yield s
+    s.shutdown()
+
+
+def _prewarmed(s: GpuSlot, job: Job):
+    """Ask `s` to ready an executor for `job`'s solution; its record once the warm-up has ended."""
+    s.prewarm(job)
+    warm = s.warm[job.solution.hash]
+    assert warm.done.wait(120), "the warm-up did not end"
+    return warm
+
+
+def test_a_standby_readied_for_the_next_solution_takes_the_lane_when_its_job_comes(warm_slot):
+    s = warm_slot
+    first = s.evaluate(_jobs("rmsnorm_h4096_torch")[0], "auto", now_iso())
+    assert first.evaluation.status.value == "PASSED", first.evaluation.log[-300:]
+    served, before = s.active.pid, dict(s.counters)
+    job = _jobs("rmsnorm_h4096_triton")[0].model_copy(update={"job_id": "pw-triton"})
+    warm = _prewarmed(s, job)
+    assert warm.ok and warm.ex.solution == job.solution.hash
+    assert warm.ex.pid in {e.pid for e in s._executors()}  # one of the slot's: every timed window stops it
+    taken = s._take_persistent(job.solution.hash)  # what the job's lane gets
+    assert taken is warm.ex and taken not in s.idle  # the lane's alone: no other lane may take it meanwhile
+    s._give_back(taken)
+    result = s.evaluate(job, "auto", now_iso())
+    assert result.evaluation.status.value == "PASSED", result.evaluation.log[-300:]
+    assert s.active.pid == warm.ex.pid != served  # the readied executor took the lane; the torch one was retired
+    assert s.counters["prewarmed"] == before["prewarmed"] + 1
+    assert s.counters["solution_changes"] == before["solution_changes"] + 1
+    assert job.solution.hash not in s.warm
+    s.prewarm(job)  # the lane already serves that solution: nothing to ready
+    assert job.solution.hash not in s.warm
+
+
+def test_an_executor_whose_warm_up_call_left_a_thread_is_not_kept_for_the_job(warm_slot):
+    """A call judged by nobody must not become a place to start work unseen: the thread would be in the
+    job's baseline, and the job would pass. The warm-up is retired; the job runs on an unused executor
+    and its first call's thread is caught as always."""
+    s = warm_slot
+    job = _candidate_jobs("offender_leaves_thread")[0].model_copy(update={"job_id": "pw-thread"})
+    before = dict(s.counters)
+    warm = _prewarmed(s, job)
+    assert not warm.ok and not warm.ex.alive()
+    assert s.counters["prewarm_discarded"] == before["prewarm_discarded"] + 1
+    result = s.evaluate(job, "auto", now_iso())
+    assert (result.evaluation.status.value, result.evaluation.reason) == ("RUNTIME_ERROR", "work_left_running")
+    assert s.counters["prewarmed"] == before["prewarmed"]

@@ -11,6 +11,7 @@ inputs, guard bytes and outputs there. What this side reports can only fail the 
 from __future__ import annotations
 
 import errno
+import secrets
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,11 +22,11 @@ from pydantic import BaseModel, ConfigDict
 
 from fibray.compile import BuildCache, BuildError, DeviceRequired, Runnable, bind
 from fibray.check import collect_draws, draw_plan
-from fibray.evaluate.inputs import allocate_outputs, torch_dtype
+from fibray.evaluate.inputs import allocate_outputs, materialize, torch_dtype
 from fibray.evaluate.memory import Layout, Region, apply_bump, args_of, bump_groups, outputs_of
 from fibray.evaluate.phases import Phases
 from fibray.schema.reasons import Reason
-from fibray.schema import Definition, Job
+from fibray.schema import Definition, Job, SafetensorsInput
 from fibray.timing import time_calls
 
 _copy = torch.Tensor.copy_
@@ -284,6 +285,18 @@ class CandidateRunner:
         except BaseException as e:
             status, reason = classify_exception(e)
             return _Drawn([], CandidateFailure(status=status, reason=reason, log=_format_exc(e)))
+
+    def warm(self, job: Job) -> Optional[CandidateFailure]:
+        """One call, judged by nobody, on inputs this side draws (a seed of its own, never the job's), so
+        that the candidate's first-call costs (Triton's JIT, a library's handles) fall before its job is
+        sent, while other jobs run: its trials then start warm. Nothing of it is kept. A workload whose
+        inputs come from files is not warmed (None: nothing to say)."""
+        if any(isinstance(src, SafetensorsInput) for src in job.workload.inputs.values()):
+            return None
+        runnable = bind(self.builds.get(job.solution), job.definition)  # a BuildError is the reply's
+        args = materialize(job.definition, job.workload, root=Path(job.dataset_root), seed=secrets.randbits(62),
+                           trial=0, device=self.device, key="warm")
+        return self._private_call(runnable, job, args, job.workload.axes).failure
 
     def trial(self, job: Job, trial: int) -> TrialOutput:
         """One call on trial `trial`'s input set, into its output set."""

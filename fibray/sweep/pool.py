@@ -73,6 +73,7 @@ class PoolOptions:
     standby: int = 1                 # warm standby executors per slot
     spare_isolated: int = 1
     lanes: int = 1                   # jobs in flight per slot
+    prewarm: bool = True             # ready an executor for the solution a slot likely takes next
     sandbox: SandboxPolicy = field(default_factory=SandboxPolicy)
     actor_prefix: Optional[str] = None
     """Name slot actors `<prefix>gpu<i>.<generation>` as detached actors (the service's slots outlive their caller)."""
@@ -97,7 +98,7 @@ class PoolOptions:
         return cls(num_slots=num_slots, torch_threads=torch_threads, start_deadline_s=start_deadline_s,
                    isolation=r.isolation, quarantine_after=r.quarantine_after, max_attempts=r.max_attempts,
                    standby=standby_count(r.standby, lanes, cpus), spare_isolated=r.spare_isolated, lanes=lanes,
-                   workdir=workdir or r.workdir, sandbox=policy)
+                   prewarm=r.prewarm, workdir=workdir or r.workdir, sandbox=policy)
 
     def slot_spec(self, name: str) -> SlotSpec:
         """What one slot actor is asked to be (no spares where nothing is ever isolated)."""
@@ -152,7 +153,7 @@ class WorkerPool:
                   "lifetime": "detached"} if self.opt.actor_prefix else {})
         slot.actor = RemoteSlot.options(
             num_gpus=self.opt.num_gpus_per_slot, num_cpus=self.opt.num_cpus_per_slot, max_restarts=0,
-            max_concurrency=self.opt.lanes + 2,  # its lanes' jobs, the one waiting, a stats or shutdown call
+            max_concurrency=self.opt.lanes + 3,  # its lanes' jobs, the one waiting, a prewarm, a stats or shutdown call
             **named,
         ).remote(self.opt.slot_spec(f"gpu{slot.index}.{slot.generation}"))
         slot.phase, slot.start_ref, slot.inflight = "start", slot.actor.info.remote(), {}
@@ -245,6 +246,11 @@ class WorkerPool:
         job = queue.popleft()
         if not queue:
             del groups[key]
+        if self.opt.prewarm and key != slot.group and slot.actor is not None:
+            # the group this slot likely takes after this one: an executor of its own gets ready meanwhile
+            after = next((k for k in groups if k != key and k not in busy), None)
+            if after is not None:
+                slot.actor.prewarm.remote(groups[after][0])  # nothing to wait for: a guess, never a job
         slot.group = key
         return job
 

@@ -106,6 +106,11 @@ class RemoteCalls:
         self.threads = threads_of(self.executor_pid)
         return None if reply.ok else BuildError(reply.error, reply.reason or Reason.BUILD_FAILED)
 
+    def warm(self, job: Job) -> bool:
+        """One call on inputs the executor draws itself, judged by nobody (Op.WARM); True if it returned
+        without a failure and left no thread running."""
+        return self._run(Request(Op.WARM, job)).ok and self._left_running() is None
+
     def attach(self, job: Job, layout: Layout, region: Region) -> None:
         fd = region.share()
         if fd is None:

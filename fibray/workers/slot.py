@@ -15,6 +15,7 @@ import socket
 import threading
 import time
 from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
 from typing import Optional
 
 import torch
@@ -55,6 +56,17 @@ _NO_CGROUP_SAID: list[bool] = []
 _LYING_REASONS = frozenset({Reason.TIMING_BELOW_OBSERVED, Reason.BAD_TIMING_REPORT, Reason.WORK_LEFT_RUNNING})
 """Verdicts that prove the executor's own code was rebound: it serves no further job."""
 
+@dataclass
+class _Warm:
+    """A standby readied for one solution ahead of its jobs (GpuSlot.prewarm)."""
+
+    ex: sandbox.Executor
+    limit_s: float
+    """The most its warm-up may take (the job's build and run deadlines, its start and health check)."""
+    done: threading.Event = field(default_factory=threading.Event)
+    ok: bool = False
+
+
 class GpuSlot:
     """Supervises executors on the GPU Ray gave this actor (or the CPU, for a logical GPU).
 
@@ -71,7 +83,8 @@ class GpuSlot:
         """Stops the other executors around every timed window; keeps how long each was stopped."""
         self.gpu = GpuLock((lambda: torch.cuda.synchronize(self.device)) if self.device.type == "cuda" else None,
                            self._alone)
-        self.counters = {"promotions": 0, "retired": 0, "solution_changes": 0, "escalations": 0, "strays_killed": 0}
+        self.counters = {"promotions": 0, "retired": 0, "solution_changes": 0, "escalations": 0, "strays_killed": 0,
+                         "prewarmed": 0, "prewarm_discarded": 0}
         self._busy = 0
         self.faults: dict[tuple[str, str], list[Status]] = {}
         """Per (sweep, solution hash), the statuses of the faults this slot saw (a job sent ahead of
@@ -98,6 +111,8 @@ class GpuSlot:
         self.fresh: list[sandbox.Executor] = []
         self.in_use: list[sandbox.Executor] = []
         """Single-use executors a job has taken (off the spare list, not yet retired)."""
+        self.warm: dict[str, _Warm] = {}
+        """Per solution hash, a standby readied for its jobs ahead of them (at most one: see prewarm)."""
         prepare_triton()
         if spec.torch_threads:
             torch.set_num_threads(spec.torch_threads)
@@ -172,6 +187,9 @@ class GpuSlot:
                 # its own solution's executor first, then an unused one; one of another solution last
                 ex = min(self.idle, key=lambda e: 0 if e.solution == solution else 1 if e.solution is None else 2)
                 self.idle.remove(ex)
+            if ex.solution != solution and (warm := self._warm_for(solution)) is not None:
+                self._succeed(ex, warm)
+                return warm
             if ex.solution is not None and ex.solution != solution:
                 self._discard(ex, counter="solution_changes")
                 continue
@@ -209,9 +227,21 @@ class GpuSlot:
                 failures.append(str(e))
         raise NoExecutor("no single-use executor could start:\n" + "\n".join(failures))
 
-    def _discard(self, ex: sandbox.Executor, counter: str = "retired") -> None:
-        """Retire an executor; if it was a persistent one, the oldest standby takes its lane at once
-        and a new one starts."""
+    def _succeed(self, ex: sandbox.Executor, warm: sandbox.Executor) -> None:
+        """`warm` (readied for the job's solution) takes the lane of `ex`, which is retired if it served
+        another solution, or else goes back to the standbys unused."""
+        with self._free:
+            self.counters["prewarmed"] += 1
+            if ex.solution is not None:
+                self._discard(ex, counter="solution_changes", successor=warm)
+                return
+            self.persistent[self.persistent.index(ex)] = warm
+            self.standbys.insert(0, ex)
+
+    def _discard(self, ex: sandbox.Executor, counter: str = "retired",
+                 successor: Optional[sandbox.Executor] = None) -> None:
+        """Retire an executor; if it was a persistent one, `successor` or else the oldest standby takes
+        its lane at once and a new one starts."""
         with self._free:
             sandbox.retire(ex)  # under the lock: a stray reap never sees its dying tree as strays
             self.counters[counter] += 1
@@ -219,18 +249,85 @@ class GpuSlot:
                 self.in_use.remove(ex)
             if ex in self.persistent:
                 self.counters["promotions"] += 1
-                new = self.standbys.pop(0) if self.standbys else self._spawn(single_use=False)
+                if successor is not None:
+                    new = successor
+                else:
+                    new = self.standbys.pop(0) if self.standbys else self._spawn(single_use=False)
                 self.persistent[self.persistent.index(ex)] = new
                 if ex in self.idle:
                     self.idle.remove(ex)
-                self.idle.append(new)
+                if successor is None:  # a successor is its caller's: another lane must not take it too
+                    self.idle.append(new)
                 while len(self.standbys) < self.want_standby:
                     self.standbys.append(self._spawn(single_use=False))
                 self._free.notify()
 
     def _executors(self) -> list[sandbox.Executor]:
-        """Every executor of this slot: the lanes', the standbys, the spares and the single-use ones taken."""
-        return [*self.persistent, *self.standbys, *self.fresh, *self.in_use]
+        """Every executor of this slot: the lanes', the standbys (readied ones too), the spares and the
+        single-use ones taken."""
+        return [*self.persistent, *self.standbys, *(w.ex for w in self.warm.values()), *self.fresh, *self.in_use]
+
+    # -- executors readied ahead of their solution's jobs ----------------------------------
+    def prewarm(self, job: Job) -> None:
+        """Ready a standby for `job`'s solution while other jobs run (the driver names the solution a slot
+        is likely to get next): it builds the solution and calls it once, judged by nobody, on inputs of
+        its own drawing (CandidateRunner.warm), so the first-call costs (Triton's JIT above all) fall off
+        the job's path. Only an executor that comes back as it went in (no thread or process left, its
+        health check passed) is kept for the job; any other is retired, and the job then runs as it would
+        have without. It stays one of this slot's executors throughout, so every timed window stops it.
+        Returns at once; a guess that a later one replaces is retired."""
+        solution = job.solution.hash
+        with self._lock:
+            if (solution in self.warm or (job.sweep, solution) in self.faults or not self.standbys
+                    or any(e.solution == solution for e in self.persistent)):
+                return
+            for other, w in list(self.warm.items()):
+                if w.done.is_set():  # ready for a solution that did not come: a new guess replaces it
+                    del self.warm[other]
+                    sandbox.retire(w.ex)
+                    self.counters["prewarm_discarded"] += 1
+            if self.warm:  # one still warming: no second standby taken
+                return
+            ex = self.standbys.pop(0)
+            while len(self.standbys) < self.want_standby:
+                self.standbys.append(self._spawn(single_use=False))
+            ex.solution = solution
+            limit = deadlines.EXECUTOR_READY_S + job.settings.build_deadline_s + job.settings.run_deadline_s + deadlines.HEALTH_S
+            warm = self.warm[solution] = _Warm(ex, limit)
+        threading.Thread(target=self._warm_up, args=(job, warm), name="fibray-prewarm", daemon=True).start()
+
+    def _warm_up(self, job: Job, warm: _Warm) -> None:
+        try:
+            ex = self._ready(warm.ex)
+            calls = RemoteCalls(ex, job, Phases(), self.quiet)
+            warm.ok = (calls.build(job) is None and calls.warm(job) and not self._left_behind(ex)
+                       and self._healthy(ex, Phases()))
+        except (NoExecutor, ExecutorFault):
+            warm.ok = False
+        except Exception:  # noqa: BLE001  (a thread of its own: nothing else would hear of it)
+            log.exception("slot %s: readying an executor for solution %s failed", self.name, job.solution.name)
+            warm.ok = False
+        finally:
+            if not warm.ok:
+                with self._lock:
+                    self.warm.pop(job.solution.hash, None)
+                    sandbox.retire(warm.ex)
+                    self.counters["prewarm_discarded"] += 1
+            warm.done.set()
+
+    def _warm_for(self, solution: str) -> Optional[sandbox.Executor]:
+        """The executor readied for `solution` (once its warm-up ended), taken off the readied ones; None
+        if there is none, or it did not come back as it went in."""
+        with self._lock:
+            warm = self.warm.get(solution)
+        if warm is None:
+            return None
+        warm.done.wait(warm.limit_s)
+        with self._lock:
+            if not warm.ok or not warm.done.is_set() or self.warm.get(solution) is not warm or not warm.ex.alive():
+                return None
+            del self.warm[solution]
+        return warm.ex
 
     def _healthy(self, ex: sandbox.Executor, phase: Phases) -> bool:
         with self.gpu.hold(phase, "health"):

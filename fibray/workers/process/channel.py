@@ -60,6 +60,9 @@ class Op(StrEnum):
     """Make the timed calls' views (carries the TimingPlan)."""
     TIME = "time"
     """Run the timed calls."""
+    WARM = "warm"
+    """Build the solution and call it once on inputs of the executor's own drawing (judged by nobody):
+    its first-call costs paid before its job is sent (fibray.workers.slot.GpuSlot.prewarm)."""
     RECHECK = "recheck"
     """Call again on the first input set, which the supervisor rewrote in place."""
     FINISH = "finish"

@@ -108,6 +108,10 @@ def main(argv: list[str] | None = None) -> None:
                 reply = Reply(True)
             elif req.op == Op.TIME:
                 reply = Reply(True, runner.time(req.job))
+            elif req.op == Op.WARM:
+                failure = runner.warm(req.job)
+                reply = Reply(True) if failure is None else Reply(False, error=failure.log, status=failure.status,
+                                                                  reason=failure.reason)
             elif req.op == Op.RECHECK:
                 reply = Reply(True, runner.recheck(req.job))
             elif req.op == Op.FINISH:
