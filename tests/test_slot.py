@@ -377,3 +377,16 @@ def test_an_executor_whose_warm_up_call_left_a_thread_is_not_kept_for_the_job(wa
     result = s.evaluate(job, "auto", now_iso())
     assert (result.evaluation.status.value, result.evaluation.reason) == ("RUNTIME_ERROR", "work_left_running")
     assert s.counters["prewarmed"] == before["prewarmed"]
+
+
+def test_a_readied_executor_waits_for_its_job_while_the_next_guess_is_readied(warm_slot):
+    """The driver names the group after next as it sends the next group's first job, which may not have
+    reached its lane yet: the executor readied for it must stay; only an older guess gives way."""
+    s = warm_slot
+    first, second, third = (_jobs(name)[0] for name in ("rmsnorm_h4096_triton_big_eps", "rmsnorm_h4096_torch_fp32_out",
+                                                        "rmsnorm_h4096_torch"))
+    a, b = _prewarmed(s, first), _prewarmed(s, second)
+    assert a.ok and b.ok and {first.solution.hash, second.solution.hash} <= set(s.warm)
+    c = _prewarmed(s, third)
+    assert c.ok and set(s.warm) == {second.solution.hash, third.solution.hash}
+    assert not a.ex.alive() and b.ex.alive()

@@ -73,7 +73,7 @@ class PoolOptions:
     standby: int = 1                 # warm standby executors per slot
     spare_isolated: int = 1
     lanes: int = 1                   # jobs in flight per slot
-    prewarm: bool = True             # ready an executor for the solution a slot likely takes next
+    prewarm: bool = False            # ready an executor for the solution a slot likely takes next
     sandbox: SandboxPolicy = field(default_factory=SandboxPolicy)
     actor_prefix: Optional[str] = None
     """Name slot actors `<prefix>gpu<i>.<generation>` as detached actors (the service's slots outlive their caller)."""

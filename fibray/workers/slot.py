@@ -56,6 +56,10 @@ _NO_CGROUP_SAID: list[bool] = []
 _LYING_REASONS = frozenset({Reason.TIMING_BELOW_OBSERVED, Reason.BAD_TIMING_REPORT, Reason.WORK_LEFT_RUNNING})
 """Verdicts that prove the executor's own code was rebound: it serves no further job."""
 
+_READIED = 2
+"""Executors readied ahead per slot at most: the next group's, and the one after it the driver has named."""
+
+
 @dataclass
 class _Warm:
     """A standby readied for one solution ahead of its jobs (GpuSlot.prewarm)."""
@@ -281,13 +285,14 @@ class GpuSlot:
             if (solution in self.warm or (job.sweep, solution) in self.faults or not self.standbys
                     or any(e.solution == solution for e in self.persistent)):
                 return
-            for other, w in list(self.warm.items()):
-                if w.done.is_set():  # ready for a solution that did not come: a new guess replaces it
-                    del self.warm[other]
-                    sandbox.retire(w.ex)
-                    self.counters["prewarm_discarded"] += 1
-            if self.warm:  # one still warming: no second standby taken
+            if any(not w.done.is_set() for w in self.warm.values()):  # one still warming: no second standby taken
                 return
+            # the driver names the next group as it sends this one's first job, which may not have reached
+            # its lane yet: the executor readied for it stays, and only an older guess gives way
+            while len(self.warm) >= _READIED:
+                other = next(iter(self.warm))
+                sandbox.retire(self.warm.pop(other).ex)
+                self.counters["prewarm_discarded"] += 1
             ex = self.standbys.pop(0)
             while len(self.standbys) < self.want_standby:
                 self.standbys.append(self._spawn(single_use=False))
