@@ -116,7 +116,7 @@ class GpuSlot:
         self.in_use: list[sandbox.Executor] = []
         """Single-use executors a job has taken (off the spare list, not yet retired)."""
         self.warm: dict[str, _Warm] = {}
-        """Per solution hash, a standby readied for its jobs ahead of them (at most one: see prewarm)."""
+        """Per solution hash, a standby readied for its jobs ahead of them (at most _READIED: see prewarm)."""
         prepare_triton()
         if spec.torch_threads:
             torch.set_num_threads(spec.torch_threads)
@@ -253,18 +253,19 @@ class GpuSlot:
                 self.in_use.remove(ex)
             if ex in self.persistent:
                 self.counters["promotions"] += 1
-                if successor is not None:
-                    new = successor
-                else:
-                    new = self.standbys.pop(0) if self.standbys else self._spawn(single_use=False)
+                new = successor or (self.standbys.pop(0) if self.standbys else self._spawn(single_use=False))
                 self.persistent[self.persistent.index(ex)] = new
                 if ex in self.idle:
                     self.idle.remove(ex)
                 if successor is None:  # a successor is its caller's: another lane must not take it too
                     self.idle.append(new)
-                while len(self.standbys) < self.want_standby:
-                    self.standbys.append(self._spawn(single_use=False))
+                self._refill_standbys()
                 self._free.notify()
+
+    def _refill_standbys(self) -> None:
+        """Start standbys until spec.standby are warming (under the lock)."""
+        while len(self.standbys) < self.want_standby:
+            self.standbys.append(self._spawn(single_use=False))
 
     def _executors(self) -> list[sandbox.Executor]:
         """Every executor of this slot: the lanes', the standbys (readied ones too), the spares and the
@@ -294,8 +295,7 @@ class GpuSlot:
                 sandbox.retire(self.warm.pop(other).ex)
                 self.counters["prewarm_discarded"] += 1
             ex = self.standbys.pop(0)
-            while len(self.standbys) < self.want_standby:
-                self.standbys.append(self._spawn(single_use=False))
+            self._refill_standbys()
             ex.solution = solution
             limit = deadlines.EXECUTOR_READY_S + job.settings.build_deadline_s + job.settings.run_deadline_s + deadlines.HEALTH_S
             warm = self.warm[solution] = _Warm(ex, limit)
@@ -308,10 +308,9 @@ class GpuSlot:
             warm.ok = (calls.build(job) is None and calls.warm(job) and not self._left_behind(ex)
                        and self._healthy(ex, Phases()))
         except (NoExecutor, ExecutorFault):
-            warm.ok = False
+            pass  # not ok: retired below, and the job runs as it would have without
         except Exception:  # noqa: BLE001  (a thread of its own: nothing else would hear of it)
             log.exception("slot %s: readying an executor for solution %s failed", self.name, job.solution.name)
-            warm.ok = False
         finally:
             if not warm.ok:
                 with self._lock:

@@ -137,6 +137,13 @@ def _refuse_scratch(what: str) -> None:
     os._exit(SCRATCH_REFUSED)
 
 
+def _read_only(libc, path: str, on: bool, flags: int, what: str) -> None:
+    """Set (or clear) the read-only attribute of the mount at `path` (flags: _AT_RECURSIVE for those below it too)."""
+    attr = (ctypes.c_uint64 * 4)(*((_MOUNT_ATTR_RDONLY, 0) if on else (0, _MOUNT_ATTR_RDONLY)), 0, 0)  # attr_set, attr_clr
+    if libc.syscall(_SYS_MOUNT_SETATTR, _AT_FDCWD, path.encode(), flags, ctypes.byref(attr), ctypes.sizeof(attr)) != 0:
+        _refuse_scratch(f"{what}: {os.strerror(ctypes.get_errno())}")
+
+
 def _confine_writes(libc, size: int, workdir: str, uid: int | None) -> None:
     """In the executor's own mount namespace: every mount read-only, then a tmpfs of `size` bytes over
     `workdir` (its home and TMPDIR, owned by `uid`), also mounted on WRITABLE, so all it can write is
@@ -146,15 +153,11 @@ def _confine_writes(libc, size: int, workdir: str, uid: int | None) -> None:
         _refuse_scratch(f"runner.workdir {workdir} is below {below}, which the scratch covers")
     home = os.path.realpath(workdir)
     covered = [os.path.realpath(t) for t in WRITABLE if os.path.isdir(t)]  # mountinfo names where a link led
-    attr = (ctypes.c_uint64 * 4)(_MOUNT_ATTR_RDONLY, 0, 0, 0)  # struct mount_attr: attr_set, attr_clr, ...
-    if libc.syscall(_SYS_MOUNT_SETATTR, _AT_FDCWD, b"/", _AT_RECURSIVE, ctypes.byref(attr), ctypes.sizeof(attr)) != 0:
-        _refuse_scratch(f"mount_setattr (Linux 5.12 or later): {os.strerror(ctypes.get_errno())}")
+    _read_only(libc, "/", True, _AT_RECURSIVE, "mount_setattr (Linux 5.12 or later)")
     # its own /proc (mounted with the PID namespace) stays writable, not what is mounted below it: the CUDA
     # driver writes there (cuInit failed with error 304 on the H200 without it), and procfs holds no file
     # that grows, only the kernel's settings, each guarded by its own permission checks
-    attr = (ctypes.c_uint64 * 4)(0, _MOUNT_ATTR_RDONLY, 0, 0)
-    if libc.syscall(_SYS_MOUNT_SETATTR, _AT_FDCWD, PROC.encode(), 0, ctypes.byref(attr), ctypes.sizeof(attr)) != 0:
-        _refuse_scratch(f"mount_setattr on {PROC}: {os.strerror(ctypes.get_errno())}")
+    _read_only(libc, PROC, False, 0, f"mount_setattr on {PROC}")
     owner = f",uid={uid},gid={uid}" if uid is not None else ""
     if libc.mount(b"fibray-scratch", workdir.encode(), b"tmpfs", _MS_NOSUID | _MS_NODEV,
                   f"size={size},mode=0700{owner}".encode()) != 0:
