@@ -193,6 +193,20 @@ def test_a_sweep_with_two_lanes_records_what_one_lane_does(tmp_path, local_ray):
 
 
 @pytest.mark.slow
+def test_a_sweep_that_readies_the_next_solutions_executor_records_what_one_without_does(tmp_path, local_ray):
+    """runner.prewarm: the driver names each slot's next group, and its jobs take the executor readied for it."""
+    off = run_sweep(smoke_config(tmp_path / "off", dataset__definitions=["rmsnorm_h4096"], cluster__num_gpus=1))
+    on = run_sweep(smoke_config(tmp_path / "on", dataset__definitions=["rmsnorm_h4096"], cluster__num_gpus=1,
+                                runner__prewarm=True))
+    a, b = scan(tmp_path / "off").collect(), scan(tmp_path / "on").collect()
+    assert off.recorded == on.recorded == len(a) == len(b) == off.total_jobs
+    key = ["solution", "workload_uuid"]
+    assert sorted(a.select(*key, "status", "reason").rows()) == sorted(b.select(*key, "status", "reason").rows())
+    assert sum(s["prewarmed"] for s in on.slot_stats) >= 1
+    assert sum(s["prewarmed"] for s in off.slot_stats) == 0
+
+
+@pytest.mark.slow
 def test_jobs_sent_ahead_wait_for_a_lane(lanes_slot):
     from datetime import datetime
 
