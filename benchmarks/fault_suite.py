@@ -1,6 +1,7 @@
 """Run the fault-injection suite as one sweep and print every verdict against its expectation.
 
     python benchmarks/fault_suite.py [--store DIR] [--workloads 3] [--lanes 1] [--only NAME,...]
+                                     [--override runner.prewarm=true ...]
 
 On a GPU machine the GPU-only offenders (tests/candidates_gpu) join the sweep. Prints the
 wall time, slot counters (standby promotions, escalations, strays killed) and whether the
@@ -26,6 +27,7 @@ CONTROLS = ["rmsnorm_h4096_torch", "rmsnorm_h4096_triton"]
 
 def main() -> int:
     import torch
+    import yaml
 
     from _sweep_helpers import designed_verdict, smoke_config
     from fibray.store import TraceStore
@@ -37,7 +39,16 @@ def main() -> int:
     ap.add_argument("--workloads", type=int, default=3)
     ap.add_argument("--lanes", type=int, default=1, help="runner.lanes: offenders and controls share the GPU")
     ap.add_argument("--only", default=None, help="comma-separated candidates (the controls always run)")
+    ap.add_argument("--override", nargs="*", default=[], metavar="SECTION.KEY=VALUE",
+                    help="extra settings for both sweeps, YAML values (e.g. runner.prewarm=true)")
     args = ap.parse_args()
+    if bad_items := [item for item in args.override if "=" not in item or "." not in item.partition("=")[0]]:
+        ap.error(f"--override wants SECTION.KEY=VALUE, got {bad_items}")
+    try:
+        extra = {key.replace(".", "__", 1): yaml.safe_load(value)
+                 for key, _, value in (item.partition("=") for item in args.override)}
+    except yaml.YAMLError as exc:
+        ap.error(f"--override: {exc}")
     base = Path(args.store or tempfile.mkdtemp(prefix="fibray-faults-"))
     gpu = torch.cuda.is_available()
     expected = json.loads((REPO / "tests" / "fault_expectations.json").read_text())
@@ -50,6 +61,7 @@ def main() -> int:
                   eval__build_deadline_s=15 if gpu else 8, eval__run_deadline_s=15 if gpu else 12,
                   eval__warmup=3, eval__iterations=10, eval__trials=2, runner__quarantine_after=2,
                   runner__lanes=args.lanes, runner__scratch_gb=0.25)  # offender_fills_disk fills it
+    common.update(extra)
     t0 = time.monotonic()
     only = dict(solutions__names=sorted({*args.only.split(","), *CONTROLS})) if args.only else {}
     report = run_sweep(smoke_config(base / "all", solutions__roots=roots, **only, **common))
@@ -79,7 +91,7 @@ def main() -> int:
     solo = sorted((r["solution"], r["workload_uuid"], r["status"], r["max_abs_error"])
                   for r in TraceStore(base / "controls").read(columns=cols).to_pylist())
     same = mixed == solo and all(m[2] == "PASSED" for m in mixed)
-    print(f"\nlanes {args.lanes}; records: {len(rows)} (expected {report.total_jobs}); mismatches: {bad}; wall {wall:.1f}s")
+    print(f"\nlanes {args.lanes}; overrides {args.override}; records: {len(rows)} (expected {report.total_jobs}); mismatches: {bad}; wall {wall:.1f}s")
     print(f"controls identical to a sweep without offenders: {same}")
     print(f"slot counters: {report.slot_stats}")
     sandbox = {(r["network_isolated"], r["privileges_dropped"]) for r in rows}
