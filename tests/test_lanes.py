@@ -11,7 +11,7 @@ import time
 import pytest
 
 from fibray.evaluate import now_iso
-from fibray.evaluate.phases import Phases
+from fibray.evaluate.phases import Phases, top_level
 from fibray.schema import Solution
 from fibray.store import scan
 from fibray.sweep import run_sweep
@@ -75,6 +75,25 @@ def test_shared_work_settles_its_gpu_work_before_a_waiting_timer_gets_the_gpu():
         pass
     assert events == ["settled", "timer"]
 
+
+
+def test_a_timed_windows_quiescing_is_its_own_part_of_the_phase():
+    """What stopping the other executors costs a timed window is shown apart (`timing.quiesce`, a part
+    of `timing`), so a breakdown tells the window's overhead from the timed calls."""
+    from contextlib import contextmanager
+
+    @contextmanager
+    def alone(name, keep):
+        time.sleep(0.2)  # settling and stopping the others
+        yield
+
+    lock, phases = GpuLock(alone=alone), Phases()
+    with lock.hold(phases, "timing", exclusive=True):
+        time.sleep(0.1)
+    with lock.hold(phases, "check"):
+        pass
+    assert 0.2 <= phases["timing.quiesce"] < phases["timing"] and "check.quiesce" not in phases
+    assert top_level(phases) == phases["timing"] + phases["check"] + phases["gpu_wait"]
 
 _DAEMON = '''import os
 import time
@@ -195,7 +214,8 @@ def test_a_sweep_with_two_lanes_records_what_one_lane_does(tmp_path, local_ray):
 @pytest.mark.slow
 def test_a_sweep_that_readies_the_next_solutions_executor_records_what_one_without_does(tmp_path, local_ray):
     """runner.prewarm: the driver names each slot's next group, and its jobs take the executor readied for it."""
-    off = run_sweep(smoke_config(tmp_path / "off", dataset__definitions=["rmsnorm_h4096"], cluster__num_gpus=1))
+    off = run_sweep(smoke_config(tmp_path / "off", dataset__definitions=["rmsnorm_h4096"], cluster__num_gpus=1,
+                                 runner__prewarm=False))
     on = run_sweep(smoke_config(tmp_path / "on", dataset__definitions=["rmsnorm_h4096"], cluster__num_gpus=1,
                                 runner__prewarm=True))
     a, b = scan(tmp_path / "off").collect(), scan(tmp_path / "on").collect()

@@ -97,6 +97,36 @@ def test_a_broken_bound_is_retried_before_it_is_a_verdict():
     assert bounded_time(once, S, OVERHEAD, "cpu").samples_ms[0] == 0.01 and not waits
 
 
+
+def test_attempts_the_bound_doubted_are_shown_apart_in_the_timing_phase(tmp_path):
+    """A retried timing costs its attempts again: the breakdown shows them (`timing.retried`), so a
+    slow timing phase can be told from one the bound kept doubting."""
+    from fibray.evaluate.phases import Phases
+    from fibray.evaluate.run import Evaluator, run_job
+
+    ev = Evaluator(tmp_path)
+    ds = load_dataset(REPO / "datasets" / "core", definitions=["rmsnorm_h4096"], solution_roots=[REPO / "solutions"],
+                      solutions=["rmsnorm_h4096_torch"], workload_set="cpu_small")
+    job = _job(ds.solutions["rmsnorm_h4096_torch"])
+    stall = [0.3]
+
+    class FirstTimingStalls:  # the host hiccups once, after the executor's timer stopped
+        def __getattr__(self, name):
+            return getattr(ev.runner, name)
+
+        def time(self, job):
+            result = ev.runner.time(job)
+            time.sleep(stall.pop() if stall else 0.0)
+            return result
+
+    phases = Phases()
+    try:
+        result = run_job(job, ev.judge, FirstTimingStalls(), phases, overhead=OVERHEAD)
+    finally:
+        ev.runner.finish(job)
+    assert result.status.value == "PASSED", result.log[-300:]
+    assert not stall and 0.3 <= phases["timing.retried"] < phases["timing"]
+
 def _job(sol: Solution) -> Job:
     ds = load_dataset(REPO / "datasets" / "core", definitions=["rmsnorm_h4096"], solution_roots=[REPO / "solutions"],
                       solutions=["rmsnorm_h4096_torch"], workload_set="cpu_small")

@@ -372,7 +372,7 @@ class CandidateRunner:
             last[0] = plan.runnable(*args)
 
         try:
-            with torch.no_grad():
+            with self.clock("executor_timer"), torch.no_grad():
                 timing = time_calls(plan.runnable if dps else keep, plan.arg_sets, warmup=s.warmup,
                                     iterations=plan.iterations, device=self.device, flush_l2=s.flush_l2,
                                     sync_device=s.sync_device, before_each=before_each,

@@ -9,6 +9,7 @@ candidate's failure becomes an Evaluation with a status and a reason.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -110,14 +111,17 @@ class _TimedCallsFailed(Exception):
 
 
 def _bounded_time(job: Job, judge: Judge, calls, mem: JobMemory, sets: list[list[Any]], plan: _JobPlan,
-                  overhead: Optional[Overhead]) -> TimeResult:
+                  overhead: Optional[Overhead], phase: Phases) -> TimeResult:
     """The timed calls under the supervisor's clock (fibray.timing.bound). A retry after a broken
     bound starts again from pristine input sets and freshly poisoned output buffers, prepared
     again before its clock starts."""
     last: list[TimeResult] = []
+    walls: list[float] = []
 
     def once() -> Timing:
+        t0 = time.perf_counter()
         result = calls.time(job)
+        walls.append(time.perf_counter() - t0)
         last[:] = [result]
         if result.failure is not None:
             raise _TimedCallsFailed(result)
@@ -135,6 +139,9 @@ def _bounded_time(job: Job, judge: Judge, calls, mem: JobMemory, sets: list[list
                               stopwatch=getattr(calls, "stopwatch", None), busy=getattr(calls, "busy_clock", None))
     except _TimedCallsFailed as e:
         return e.result
+    finally:
+        if len(walls) > 1:  # attempts the bound doubted, and the preparations of their retries
+            phase.add({"timing.retried": sum(walls[:-1])})
     return TimeResult(samples_ms=timing.samples_ms, mode=timing.mode, sync_overhead_ms=timing.sync_overhead_ms,
                       called=last[0].called)
 
@@ -165,7 +172,7 @@ def _protocol(job: Job, judge: Judge, calls, phase: Phases, gpu, state: _Workloa
             mem.prepare_outputs([layout.scratch, *layout.timed, *layout.snapshots])
             mem.settle()
         with gpu.hold(phase, "timing", exclusive=True):
-            result = _bounded_time(job, judge, calls, mem, sets, plan, overhead)
+            result = _bounded_time(job, judge, calls, mem, sets, plan, overhead, phase)
     except SideFault:
         raise
     except BoundBroken as e:  # the report contradicts what this process saw: a lie about latency

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager, contextmanager, nullcontext
+from contextlib import AbstractContextManager, ExitStack, contextmanager
 from typing import Optional
 
 from fibray.evaluate.phases import Phases
@@ -69,7 +69,10 @@ class GpuLock:
         with phase("gpu_wait"):
             self.acquire(exclusive)
         try:
-            with phase(name), (self._alone(name, keep) if exclusive and self._alone is not None else nullcontext()):
+            with phase(name), ExitStack() as alone:
+                if exclusive and self._alone is not None:
+                    with phase(f"{name}.quiesce"):  # the others settled and stopped: part of `name`'s time
+                        alone.enter_context(self._alone(name, keep))
                 try:
                     yield
                 finally:
