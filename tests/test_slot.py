@@ -328,7 +328,8 @@ def test_a_workloads_reference_is_timed_once_and_later_jobs_take_no_gpu_for_it(s
 
 @pytest.fixture(scope="module")
 def warm_slot():
-    s = GpuSlot(SlotSpec("prewarm", workdir=str(reachable_tmpdir("fibray-slot-pw-")), standby=1, spare_isolated=0))
+    s = GpuSlot(SlotSpec("prewarm", workdir=str(reachable_tmpdir("fibray-slot-pw-")), standby=1, spare_isolated=0,
+                         prewarm=True))  # a CPU slot readies executors only when asked to
     s.info()
     yield s
     s.shutdown()
@@ -356,6 +357,8 @@ def test_a_standby_readied_for_the_next_solution_takes_the_lane_when_its_job_com
     s._give_back(taken)
     result = s.evaluate(job, "auto", now_iso())
     assert result.evaluation.status.value == "PASSED", result.evaluation.log[-300:]
+    # the breakdown's parts: the executor's own call and timer, the window's quiescing, the reference's
+    assert {"trials.executor_call", "timing.executor_timer", "timing.quiesce"} <= set(result.phases), result.phases
     assert s.active.pid == warm.ex.pid != served  # the readied executor took the lane; the torch one was retired
     assert s.counters["prewarmed"] == before["prewarmed"] + 1
     assert s.counters["solution_changes"] == before["solution_changes"] + 1
@@ -390,3 +393,22 @@ def test_a_readied_executor_waits_for_its_job_while_the_next_guess_is_readied(wa
     c = _prewarmed(s, third)
     assert c.ok and set(s.warm) == {second.solution.hash, third.solution.hash}
     assert not a.ex.alive() and b.ex.alive()
+
+
+def test_prewarm_auto_readies_nothing_on_a_cpu_slot_and_false_nothing_anywhere(warm_slot):
+    """runner.prewarm=auto (the default) readies executors on GPU slots only: a CPU slot interprets
+    Triton, so a warm-up would only take cores from the jobs; false never readies one."""
+    import dataclasses
+
+    s, spec = warm_slot, warm_slot.spec
+    job = _jobs("rmsnorm_h4096_triton_big_eps")[0].model_copy(update={"job_id": "pw-auto"})
+    assert job.solution.hash not in s.warm and all(e.solution != job.solution.hash for e in s.persistent)
+    try:
+        for mode in ("auto", False):
+            s.spec = dataclasses.replace(spec, prewarm=mode)
+            s.prewarm(job)
+            assert job.solution.hash not in s.warm, mode
+    finally:
+        s.spec = spec
+    with pytest.raises(ValueError, match="SlotSpec.prewarm"):
+        SlotSpec("bad", prewarm="yes")

@@ -126,11 +126,12 @@ class RunnerConfig(_Strict):
     """Jobs in flight per GPU, each on its own executor: their builds, trials and checks overlap on the
     GPU; timing (the candidate's and the reference's) always has the GPU to itself. auto: `auto_lanes`
     of the host's CPUs per GPU."""
-    prewarm: bool = False
+    prewarm: Union[Literal["auto"], bool] = "auto"
     """While a slot runs one solution's jobs, ready a standby for the solution it likely takes next: it
     builds that solution and calls it once on inputs of its own, judged by nobody, so the first call's
-    costs (Triton's JIT) fall off the job's path. Kept only if it comes back as it went in. Off by default:
-    on the H200 it has not yet paid (benchmarks/RESULTS.md, section 20)."""
+    costs (Triton's JIT) fall off the job's path. Kept only if it comes back as it went in. auto: on GPU
+    slots (on the H200 it took 4-5 s of trials off 224 evaluations, benchmarks/RESULTS.md section 21); a
+    CPU slot interprets Triton, so a warm-up there would only take cores from the jobs."""
     workdir: Optional[str] = None
     """Where slots create private executor directories; null: the system temp dir."""
     isolate_network: bool = True

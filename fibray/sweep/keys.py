@@ -46,7 +46,7 @@ KEY_TABLE: tuple[tuple[tuple[str, ...], str], ...] = (
     (("runner.lanes",), "jobs in flight per GPU (default `auto`: min(4, max(1, CPUs per GPU // 2)), so 1 on a "
                         "2-core host and 4 on a 16-core one-GPU host); builds, trials and checks overlap, timing "
                         "stays exclusive"),
-    (("runner.prewarm",), "ready a standby for the solution a GPU likely runs next (default false): it builds "
+    (("runner.prewarm",), "ready a standby for the solution a GPU likely runs next (default `auto`: on GPU slots): it builds "
                           "and calls it once, judged by nobody, so Triton's JIT falls off the job's path"),
     (("runner.quarantine_after", "runner.max_attempts"), "faults before quarantine; re-runs of a job whose slot was lost"),
     (("runner.standby", "runner.spare_isolated"), "warm standby executors per GPU (`auto`: one per lane, up to one per "

@@ -19,7 +19,7 @@ import re
 import time
 from collections import Counter, OrderedDict, deque
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Optional
+from typing import Any, Callable, Iterable, Optional, Union
 
 import ray
 from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
@@ -73,7 +73,7 @@ class PoolOptions:
     standby: int = 1                 # warm standby executors per slot
     spare_isolated: int = 1
     lanes: int = 1                   # jobs in flight per slot
-    prewarm: bool = False            # ready an executor for the solution a slot likely takes next
+    prewarm: Union[bool, str] = "auto"  # ready an executor for the solution a slot likely takes next (auto: on GPUs)
     sandbox: SandboxPolicy = field(default_factory=SandboxPolicy)
     actor_prefix: Optional[str] = None
     """Name slot actors `<prefix>gpu<i>.<generation>` as detached actors (the service's slots outlive their caller)."""
@@ -104,7 +104,7 @@ class PoolOptions:
         """What one slot actor is asked to be (no spares where nothing is ever isolated)."""
         return SlotSpec(name=name, sandbox=self.sandbox, workdir=self.workdir, torch_threads=self.torch_threads,
                         standby=self.standby, spare_isolated=self.spare_isolated if self.isolation != "persistent" else 0,
-                        lanes=self.lanes, quarantine_after=self.quarantine_after)
+                        lanes=self.lanes, quarantine_after=self.quarantine_after, prewarm=self.prewarm)
 
 
 @dataclass
@@ -246,7 +246,7 @@ class WorkerPool:
         job = queue.popleft()
         if not queue:
             del groups[key]
-        if self.opt.prewarm and key != slot.group and slot.actor is not None:
+        if self.opt.prewarm is not False and key != slot.group and slot.actor is not None:
             # the group this slot likely takes after this one: an executor of its own gets ready meanwhile
             after = next((k for k in groups if k != key and k not in busy), None)
             if after is not None:

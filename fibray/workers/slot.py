@@ -281,6 +281,8 @@ class GpuSlot:
         health check passed) is kept for the job; any other is retired, and the job then runs as it would
         have without. It stays one of this slot's executors throughout, so every timed window stops it.
         Returns at once; a guess that a later one replaces is retired."""
+        if self.spec.prewarm is False or (self.spec.prewarm == "auto" and self.device.type != "cuda"):
+            return
         solution = job.solution.hash
         with self._lock:
             if (solution in self.warm or (job.sweep, solution) in self.faults or not self.standbys

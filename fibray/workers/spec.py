@@ -7,7 +7,7 @@ dict): RunnerConfig -> PoolOptions -> SlotSpec, in that direction only.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Optional, Union
 
 from fibray.workers.process.sandbox import SandboxPolicy
 
@@ -35,6 +35,9 @@ class SlotSpec:
     """Jobs in flight at once, each on its own persistent executor (timing stays exclusive)."""
     quarantine_after: int = 3
     """Faults of one solution this slot has seen before its further jobs here are not run (quarantined)."""
+    prewarm: Union[bool, str] = "auto"
+    """Ready a standby for the solution the driver names next (GpuSlot.prewarm): True, False, or "auto"
+    (on a GPU, where the first call compiles; on a CPU, Triton is interpreted and a warm-up only takes cores)."""
 
     def __post_init__(self) -> None:
         if self.lanes < 1:
@@ -45,5 +48,7 @@ class SlotSpec:
             raise ValueError(f"SlotSpec.spare_isolated: must be at least 0, got {self.spare_isolated}")
         if self.quarantine_after < 1:
             raise ValueError(f"SlotSpec.quarantine_after: must be at least 1, got {self.quarantine_after}")
+        if self.prewarm not in (True, False, "auto"):
+            raise ValueError(f"SlotSpec.prewarm: must be true, false or 'auto', got {self.prewarm!r}")
         if self.torch_threads is not None and self.torch_threads < 1:
             raise ValueError(f"SlotSpec.torch_threads: must be at least 1 or None, got {self.torch_threads}")
