@@ -10,9 +10,10 @@ import pytest
 
 from fibray.dataset import load_dataset
 from fibray.evaluate import now_iso
-from fibray.schema import EvalSettings, Job
+from fibray.schema import EvalSettings, Job, Solution
 from fibray.workers.slot import GpuSlot
-from fibray.workers.spec import SlotSpec
+from fibray.workers.process import sandbox
+from fibray.workers.spec import SlotSpec, distinct_shapes
 from _sweep_helpers import REPO, reachable_tmpdir
 
 pytestmark = pytest.mark.slow  # every test here runs real sweeps, Ray, compilers or sandboxed processes
@@ -335,10 +336,12 @@ def warm_slot():
     s.shutdown()
 
 
-def _prewarmed(s: GpuSlot, job: Job):
-    """Ask `s` to ready an executor for `job`'s solution; its record once the warm-up has ended."""
-    s.prewarm(job)
-    warm = s.warm[job.solution.hash]
+def _prewarmed(s: GpuSlot, job):
+    """Ask `s` to ready an executor for the solution of `job` (or of a list of its jobs); its record once
+    the warm-up has ended."""
+    jobs = job if isinstance(job, list) else [job]
+    s.prewarm(jobs)
+    warm = s.warm[jobs[0].solution.hash]
     assert warm.done.wait(120), "the warm-up did not end"
     return warm
 
@@ -363,7 +366,7 @@ def test_a_standby_readied_for_the_next_solution_takes_the_lane_when_its_job_com
     assert s.counters["prewarmed"] == before["prewarmed"] + 1
     assert s.counters["solution_changes"] == before["solution_changes"] + 1
     assert job.solution.hash not in s.warm
-    s.prewarm(job)  # the lane already serves that solution: nothing to ready
+    s.prewarm([job])  # the lane already serves that solution: nothing to ready
     assert job.solution.hash not in s.warm
 
 
@@ -406,9 +409,34 @@ def test_prewarm_auto_readies_nothing_on_a_cpu_slot_and_false_nothing_anywhere(w
     try:
         for mode in ("auto", False):
             s.spec = dataclasses.replace(spec, prewarm=mode)
-            s.prewarm(job)
+            s.prewarm([job])
             assert job.solution.hash not in s.warm, mode
     finally:
         s.spec = spec
     with pytest.raises(ValueError, match="SlotSpec.prewarm"):
         SlotSpec("bad", prewarm="yes")
+
+
+def test_a_readied_executor_calls_its_solution_on_each_distinct_shape_of_its_jobs(warm_slot):
+    """Triton compiles again per specialisation of its integer arguments, so the warm-up calls the
+    solution once per distinct workload shape the driver named. A candidate that fails on the third
+    shape only is refused as a whole; warmed on the first shape alone, it would have been kept."""
+    s = warm_slot
+    jobs = _jobs("rmsnorm_h4096_torch")
+    raw = jobs[0].solution.model_dump(mode="json")
+    raw["name"] = "rmsnorm_fails_above_batch_8"
+    raw["sources"] = [{"path": "main.py", "content": (
+        "import torch\n\n\ndef run(hidden_states, weight):\n"
+        "    if hidden_states.shape[0] > 8:\n        raise RuntimeError('not this shape')\n"
+        "    x = hidden_states.float()\n"
+        "    return (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5) * weight.float()).to(hidden_states.dtype)\n")}]
+    sol = Solution.model_validate(raw)
+    named = [j.model_copy(update={"solution": sol, "job_id": f"pw-shapes-{i}"}) for i, j in enumerate(jobs)]
+    assert [j.workload.axes["batch_size"] for j in named] == [1, 7, 33]
+    assert distinct_shapes(named + named) == named  # each shape once, in order
+    first_two = _prewarmed(s, named[:2])
+    assert first_two.ok  # shapes 1 and 7: fine
+    s.warm.pop(sol.hash)
+    sandbox.retire(first_two.ex)
+    warm = _prewarmed(s, named)
+    assert not warm.ok and sol.hash not in s.warm and not warm.ex.alive()

@@ -30,7 +30,7 @@ from fibray.schema import Environment, Evaluation, EvaluationStatus, Job, JobRes
 from fibray.evaluate.phases import now_iso
 from fibray.sweep.config import RunnerConfig, auto_lanes, standby_count
 from fibray.workers.actor import SlotActor
-from fibray.workers.spec import SandboxPolicy, SlotSpec
+from fibray.workers.spec import SandboxPolicy, SlotSpec, distinct_shapes
 
 log = logging.getLogger(__name__)
 
@@ -250,7 +250,7 @@ class WorkerPool:
             # the group this slot likely takes after this one: an executor of its own gets ready meanwhile
             after = next((k for k in groups if k != key and k not in busy), None)
             if after is not None:
-                slot.actor.prewarm.remote(groups[after][0])  # nothing to wait for: a guess, never a job
+                slot.actor.prewarm.remote(distinct_shapes(groups[after]))  # nothing to wait for: a guess, never a job
         slot.group = key
         return job
 

@@ -26,8 +26,8 @@ class SlotActor:
     def evaluate(self, job, mode: str, started_at: str):
         return self.slot.evaluate(job, mode, started_at)
 
-    def prewarm(self, job) -> None:
-        self.slot.prewarm(job)
+    def prewarm(self, jobs) -> None:
+        self.slot.prewarm(jobs)
 
     def shutdown(self) -> None:
         self.slot.shutdown()

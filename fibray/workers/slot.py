@@ -16,7 +16,7 @@ import threading
 import time
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Optional, Sequence
 
 import torch
 
@@ -36,7 +36,7 @@ from fibray.workers.gpu_lock import GpuLock, LaneGpu
 from fibray.workers.process import sandbox
 from fibray.workers.process.forkserver import ForkedProcess
 from fibray.workers.remote import CalibrationSide, ExecutorFault, RemoteCalls, answer
-from fibray.workers.spec import SlotSpec
+from fibray.workers.spec import SlotSpec, distinct_shapes
 from fibray.workers.start import SlotStart
 from fibray.workers.process.executor import LEAK_BYTES
 from fibray.workers.quiesce import Quiet
@@ -273,16 +273,21 @@ class GpuSlot:
         return [*self.persistent, *self.standbys, *(w.ex for w in self.warm.values()), *self.fresh, *self.in_use]
 
     # -- executors readied ahead of their solution's jobs ----------------------------------
-    def prewarm(self, job: Job) -> None:
-        """Ready a standby for `job`'s solution while other jobs run (the driver names the solution a slot
-        is likely to get next): it builds the solution and calls it once, judged by nobody, on inputs of
-        its own drawing (CandidateRunner.warm), so the first-call costs (Triton's JIT above all) fall off
-        the job's path. Only an executor that comes back as it went in (no thread or process left, its
-        health check passed) is kept for the job; any other is retired, and the job then runs as it would
-        have without. It stays one of this slot's executors throughout, so every timed window stops it.
-        Returns at once; a guess that a later one replaces is retired."""
-        if self.spec.prewarm is False or (self.spec.prewarm == "auto" and self.device.type != "cuda"):
+    def prewarm(self, jobs: Sequence[Job]) -> None:
+        """Ready a standby for the solution of `jobs` (one solution's jobs, which the driver names as the
+        ones a slot is likely to get next) while other jobs run: it builds the solution and calls it once
+        per distinct workload shape among them (at most PREWARM_SHAPES), judged by nobody, on inputs of its
+        own drawing (CandidateRunner.warm), so the first-call costs (Triton's JIT of each specialisation
+        above all) fall off the jobs' path. Only an executor that comes back as it went in (no thread or
+        process left, its health check passed) is kept for the jobs; any other is retired, and they then
+        run as they would have without. It stays one of this slot's executors throughout, so every timed
+        window stops it. Returns at once; a guess that a later one replaces is retired."""
+        if not jobs or self.spec.prewarm is False or (self.spec.prewarm == "auto" and self.device.type != "cuda"):
             return
+        job = jobs[0]
+        if any(j.solution.hash != job.solution.hash for j in jobs):
+            raise ValueError("GpuSlot.prewarm: the jobs of one solution, got several solutions")
+        shapes = distinct_shapes(jobs)
         solution = job.solution.hash
         with self._lock:
             if (solution in self.warm or (job.sweep, solution) in self.faults or not self.standbys
@@ -299,16 +304,21 @@ class GpuSlot:
             ex = self.standbys.pop(0)
             self._refill_standbys()
             ex.solution = solution
-            limit = deadlines.EXECUTOR_READY_S + job.settings.build_deadline_s + job.settings.run_deadline_s + deadlines.HEALTH_S
+            s = job.settings
+            limit = deadlines.EXECUTOR_READY_S + s.build_deadline_s + len(shapes) * s.run_deadline_s + deadlines.HEALTH_S
             warm = self.warm[solution] = _Warm(ex, limit)
-        threading.Thread(target=self._warm_up, args=(job, warm), name="fibray-prewarm", daemon=True).start()
+        threading.Thread(target=self._warm_up, args=(shapes, warm), name="fibray-prewarm", daemon=True).start()
 
-    def _warm_up(self, job: Job, warm: _Warm) -> None:
+    def _warm_up(self, shapes: list[Job], warm: _Warm) -> None:
+        job = shapes[0]
         try:
             ex = self._ready(warm.ex)
             calls = RemoteCalls(ex, job, Phases(), self.quiet)
-            warm.ok = (calls.build(job) is None and calls.warm(job) and not self._left_behind(ex)
-                       and self._healthy(ex, Phases()))
+            ok = calls.build(job) is None
+            for one in shapes:
+                calls.run_spent = 0.0  # each call has its job's run deadline
+                ok = ok and calls.warm(one) and not self._left_behind(ex)
+            warm.ok = ok and self._healthy(ex, Phases())
         except (NoExecutor, ExecutorFault):
             pass  # not ok: retired below, and the job runs as it would have without
         except Exception:  # noqa: BLE001  (a thread of its own: nothing else would hear of it)

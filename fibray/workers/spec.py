@@ -7,11 +7,14 @@ dict): RunnerConfig -> PoolOptions -> SlotSpec, in that direction only.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional, Union
+from typing import TYPE_CHECKING, Optional, Sequence, Union
 
 from fibray.workers.process.sandbox import SandboxPolicy
 
-__all__ = ["SandboxPolicy", "SlotSpec"]
+if TYPE_CHECKING:
+    from fibray.schema import Job
+
+__all__ = ["PREWARM_SHAPES", "SandboxPolicy", "SlotSpec", "distinct_shapes"]
 
 
 @dataclass(frozen=True)
@@ -52,3 +55,22 @@ class SlotSpec:
             raise ValueError(f"SlotSpec.prewarm: must be true, false or 'auto', got {self.prewarm!r}")
         if self.torch_threads is not None and self.torch_threads < 1:
             raise ValueError(f"SlotSpec.torch_threads: must be at least 1 or None, got {self.torch_threads}")
+
+
+PREWARM_SHAPES = 8
+"""The most distinct workload shapes a readied executor calls its solution on (GpuSlot.prewarm): Triton
+compiles a kernel again for each specialisation its integer arguments fall into (1, multiples of 16, ...)."""
+
+
+def distinct_shapes(jobs: Sequence["Job"]) -> list["Job"]:
+    """The first job of each distinct workload shape (its axes), in order, at most PREWARM_SHAPES."""
+    seen: set[tuple] = set()
+    out: list["Job"] = []
+    for j in jobs:
+        key = tuple(sorted(j.workload.axes.items()))
+        if key not in seen:
+            seen.add(key)
+            out.append(j)
+            if len(out) == PREWARM_SHAPES:
+                break
+    return out
