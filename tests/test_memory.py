@@ -181,3 +181,35 @@ def test_inputs_left_unchanged_by_a_rebound_executor_timer_fail_the_timing(monke
            "def run(x, k, y):\n    y.copy_(x * k)\n")
     ev = _evaluate(src)
     assert (ev.status.value, ev.reason) == ("INCORRECT_NUMERICAL", "mutated_inputs"), ev.log
+
+
+@pytest.mark.parametrize("outs", [
+    [(torch.bfloat16, (3, 5)), (torch.float32, ()), (torch.int32, (7,)), (torch.bool, (2, 3))],
+    [(torch.float8_e4m3fn, (4, 4)), (torch.float32, (2,))],  # fp8 bodies are not poisoned: set by set
+])
+def test_poisoning_many_output_sets_at_once_writes_what_poisoning_each_does(outs):
+    """prepare_outputs copies the first set prepared over the others (one strided copy for the timed
+    buffers): every guard and body must end as the buffer-by-buffer way leaves it."""
+    from fibray.evaluate.memory import LocalRegion
+
+    sets = [[torch.randn(4, 8)] for _ in range(3)]
+    layout = plan_layout("local", "cpu", sets, outs, trials=2, dps=True, timed_buffers=9, snapshots=True)
+    ks = [layout.scratch, *layout.timed, *layout.snapshots]
+    fast, slow = (JobMemory(LocalRegion(layout.size, torch.device("cpu")), layout) for _ in range(2))
+    noise = torch.randint(0, 256, (layout.size,), dtype=torch.uint8)
+    fast.region.bytes().copy_(noise)
+    slow.region.bytes().copy_(noise)
+    fast.prepare_outputs(ks)
+    for k in ks:
+        slow._prepare_one(k)
+    for k in ks:
+        lo, hi = fast._span(k)
+        for p in layout.outputs[k]:  # guards and bodies; the padding between buffers is nobody's
+            a, b = p.off - GUARD_BYTES, p.off + p.nbytes + GUARD_BYTES
+            assert torch.equal(fast.region.bytes()[a:b], slow.region.bytes()[a:b]), (k, p)
+        assert all(fast.guards_intact_many(ks))
+    untouched = torch.ones(layout.size, dtype=torch.bool)
+    for k in ks:
+        lo, hi = fast._span(k)
+        untouched[lo:hi] = False
+    assert torch.equal(fast.region.bytes()[untouched], noise[untouched])  # nothing outside the sets written
