@@ -385,17 +385,33 @@ def test_an_executor_whose_warm_up_call_left_a_thread_is_not_kept_for_the_job(wa
     assert s.counters["prewarmed"] == before["prewarmed"]
 
 
-def test_a_readied_executor_waits_for_its_job_while_the_next_guess_is_readied(warm_slot):
-    """The driver names the group after next as it sends the next group's first job, which may not have
-    reached its lane yet: the executor readied for it must stay; only an older guess gives way."""
+def _variant(job: Job, tag: str) -> Job:
+    """`job` with a solution of its own (same code, another comment): a solution no executor serves yet."""
+    raw = job.solution.model_dump(mode="json")
+    raw["name"] = f"{raw['name']}_{tag}"
+    raw["sources"][0]["content"] = f"# {tag}\n" + raw["sources"][0]["content"]
+    return job.model_copy(update={"solution": Solution.model_validate(raw), "job_id": f"{job.job_id}-{tag}"})
+
+
+def _no_readied(s: GpuSlot) -> None:
+    with s._lock:
+        for solution in list(s.warm):
+            sandbox.retire(s.warm.pop(solution).ex)
+
+
+def test_a_readied_executor_waits_for_its_job_while_the_next_guesses_are_readied(warm_slot):
+    """The driver names the groups ahead as it sends the next group's first job, which may not have
+    reached its lane yet: the executor readied for it must stay; only the oldest guess gives way."""
+    from fibray.workers.slot import _READIED
+
     s = warm_slot
-    first, second, third = (_jobs(name)[0] for name in ("rmsnorm_h4096_triton_big_eps", "rmsnorm_h4096_torch_fp32_out",
-                                                        "rmsnorm_h4096_torch"))
-    a, b = _prewarmed(s, first), _prewarmed(s, second)
-    assert a.ok and b.ok and {first.solution.hash, second.solution.hash} <= set(s.warm)
-    c = _prewarmed(s, third)
-    assert c.ok and set(s.warm) == {second.solution.hash, third.solution.hash}
-    assert not a.ex.alive() and b.ex.alive()
+    _no_readied(s)
+    jobs = [_variant(_jobs("rmsnorm_h4096_torch")[0], f"guess{i}") for i in range(_READIED + 1)]
+    readied = [_prewarmed(s, job) for job in jobs[:_READIED]]
+    assert all(w.ok for w in readied) and set(s.warm) == {j.solution.hash for j in jobs[:_READIED]}
+    last = _prewarmed(s, jobs[-1])
+    assert last.ok and set(s.warm) == {j.solution.hash for j in jobs[1:]}
+    assert not readied[0].ex.alive() and all(w.ex.alive() for w in readied[1:])
 
 
 def test_prewarm_auto_readies_nothing_on_a_cpu_slot_and_false_nothing_anywhere(warm_slot):
@@ -440,3 +456,18 @@ def test_a_readied_executor_calls_its_solution_on_each_distinct_shape_of_its_job
     sandbox.retire(first_two.ex)
     warm = _prewarmed(s, named)
     assert not warm.ok and sol.hash not in s.warm and not warm.ex.alive()
+
+
+def test_the_slot_readies_several_named_solutions_at_once(warm_slot):
+    """A warm-up (build, Triton's JIT per shape) can outlast a group that fails fast: the slot readies
+    the groups the driver names ahead at once, each on a standby of its own, not one after another."""
+    from fibray.workers.spec import PREWARM_AHEAD
+
+    s = warm_slot
+    _no_readied(s)
+    jobs = [_variant(_jobs("rmsnorm_h4096_torch")[0], f"ahead{i}") for i in range(PREWARM_AHEAD)]
+    for job in jobs:
+        s.prewarm([job])  # back to back: none has ended its warm-up yet
+    readied = [s.warm[job.solution.hash] for job in jobs]
+    assert sum(not w.done.is_set() for w in readied) >= 2  # at least two warming at once
+    assert all(w.done.wait(120) and w.ok for w in readied)

@@ -13,6 +13,7 @@ run isolated, or are quarantined there.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import re
@@ -30,7 +31,7 @@ from fibray.schema import Environment, Evaluation, EvaluationStatus, Job, JobRes
 from fibray.evaluate.phases import now_iso
 from fibray.sweep.config import RunnerConfig, auto_lanes, standby_count
 from fibray.workers.actor import SlotActor
-from fibray.workers.spec import SandboxPolicy, SlotSpec, distinct_shapes
+from fibray.workers.spec import PREWARM_AHEAD, SandboxPolicy, SlotSpec, distinct_shapes
 
 log = logging.getLogger(__name__)
 
@@ -247,9 +248,8 @@ class WorkerPool:
         if not queue:
             del groups[key]
         if self.opt.prewarm is not False and key != slot.group and slot.actor is not None:
-            # the group this slot likely takes after this one: an executor of its own gets ready meanwhile
-            after = next((k for k in groups if k != key and k not in busy), None)
-            if after is not None:
+            # the groups this slot likely takes after this one: executors of their own get ready meanwhile
+            for after in itertools.islice((k for k in groups if k != key and k not in busy), PREWARM_AHEAD):
                 slot.actor.prewarm.remote(distinct_shapes(groups[after]))  # nothing to wait for: a guess, never a job
         slot.group = key
         return job

@@ -36,7 +36,7 @@ from fibray.workers.gpu_lock import GpuLock, LaneGpu
 from fibray.workers.process import sandbox
 from fibray.workers.process.forkserver import ForkedProcess
 from fibray.workers.remote import CalibrationSide, ExecutorFault, RemoteCalls, answer
-from fibray.workers.spec import SlotSpec, distinct_shapes
+from fibray.workers.spec import PREWARM_AHEAD, SlotSpec, distinct_shapes
 from fibray.workers.start import SlotStart
 from fibray.workers.process.executor import LEAK_BYTES
 from fibray.workers.quiesce import Quiet
@@ -56,8 +56,9 @@ _NO_CGROUP_SAID: list[bool] = []
 _LYING_REASONS = frozenset({Reason.TIMING_BELOW_OBSERVED, Reason.BAD_TIMING_REPORT, Reason.WORK_LEFT_RUNNING})
 """Verdicts that prove the executor's own code was rebound: it serves no further job."""
 
-_READIED = 2
-"""Executors readied ahead per slot at most: the next group's, and the one after it the driver has named."""
+_READIED = PREWARM_AHEAD + 1
+"""Executors readied ahead per slot at most: those of the groups the driver has named, and the next group's
+(named earlier, its first job perhaps not yet in its lane)."""
 
 
 @dataclass
@@ -293,11 +294,11 @@ class GpuSlot:
             if (solution in self.warm or (job.sweep, solution) in self.faults or not self.standbys
                     or any(e.solution == solution for e in self.persistent)):
                 return
-            if any(not w.done.is_set() for w in self.warm.values()):  # one still warming: no second standby taken
+            if sum(not w.done.is_set() for w in self.warm.values()) >= PREWARM_AHEAD:  # standbys stay for retired lanes
                 return
             # the driver names the next group as it sends this one's first job, which may not have reached
             # its lane yet: the executor readied for it stays, and only an older guess gives way
-            while len(self.warm) >= _READIED:
+            while len(self.warm) >= _READIED:  # the oldest guess gives way (its warm-up ends on a dead executor)
                 other = next(iter(self.warm))
                 sandbox.retire(self.warm.pop(other).ex)
                 self.counters["prewarm_discarded"] += 1
@@ -326,9 +327,10 @@ class GpuSlot:
         finally:
             if not warm.ok:
                 with self._lock:
-                    self.warm.pop(job.solution.hash, None)
+                    if self.warm.get(job.solution.hash) is warm:  # else a later guess retired it already
+                        del self.warm[job.solution.hash]
+                        self.counters["prewarm_discarded"] += 1
                     sandbox.retire(warm.ex)
-                    self.counters["prewarm_discarded"] += 1
             warm.done.set()
 
     def _warm_for(self, solution: str) -> Optional[sandbox.Executor]:

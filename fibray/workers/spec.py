@@ -14,7 +14,7 @@ from fibray.workers.process.sandbox import SandboxPolicy
 if TYPE_CHECKING:
     from fibray.schema import Job
 
-__all__ = ["PREWARM_SHAPES", "SandboxPolicy", "SlotSpec", "distinct_shapes"]
+__all__ = ["PREWARM_AHEAD", "PREWARM_SHAPES", "SandboxPolicy", "SlotSpec", "distinct_shapes"]
 
 
 @dataclass(frozen=True)
@@ -57,6 +57,10 @@ class SlotSpec:
             raise ValueError(f"SlotSpec.torch_threads: must be at least 1 or None, got {self.torch_threads}")
 
 
+PREWARM_AHEAD = 3
+"""Groups (one solution's jobs) the driver names to a slot ahead of the one it starts, each readied at
+once by a standby of its own (GpuSlot.prewarm): a warm-up (build, Triton's JIT per shape) outlasts a
+group that fails fast, so one warm-up at a time left lanes waiting for it (seen on the H200)."""
 PREWARM_SHAPES = 8
 """The most distinct workload shapes a readied executor calls its solution on (GpuSlot.prewarm): Triton
 compiles a kernel again for each specialisation its integer arguments fall into (1, multiples of 16, ...)."""
