@@ -91,6 +91,15 @@ def main() -> int:
     solo = sorted((r["solution"], r["workload_uuid"], r["status"], r["max_abs_error"])
                   for r in TraceStore(base / "controls").read(columns=cols).to_pylist())
     same = mixed == solo and all(m[2] == "PASSED" for m in mixed)
+    # the reference is timed once per workload and slot, in a window of its own: whoever was timed before
+    # it must not have changed it (compared with the same workloads' references timed with controls only)
+    solo_ref = {r["workload_uuid"]: r["reference_latency_ms"]
+                for r in TraceStore(base / "controls").read(columns=cols).to_pylist() if r["reference_latency_ms"]}
+    ratios = sorted(r["reference_latency_ms"] / solo_ref[r["workload_uuid"]] for r in rows
+                    if r["reference_latency_ms"] and solo_ref.get(r["workload_uuid"]))
+    if ratios:
+        print(f"reference latency, this sweep / controls alone: min {ratios[0]:.3f}, max {ratios[-1]:.3f} "
+              f"over {len(ratios)} PASSED rows")
     print(f"\nlanes {args.lanes}; overrides {args.override}; records: {len(rows)} (expected {report.total_jobs}); mismatches: {bad}; wall {wall:.1f}s")
     print(f"controls identical to a sweep without offenders: {same}")
     print(f"slot counters: {report.slot_stats}")
