@@ -83,7 +83,7 @@ def test_a_timed_windows_quiescing_is_its_own_part_of_the_phase():
     from contextlib import contextmanager
 
     @contextmanager
-    def alone(name, keep):
+    def alone(name, keep, own):
         time.sleep(0.2)  # settling and stopping the others
         yield
 

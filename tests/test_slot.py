@@ -471,3 +471,37 @@ def test_the_slot_readies_several_named_solutions_at_once(warm_slot):
     readied = [s.warm[job.solution.hash] for job in jobs]
     assert sum(not w.done.is_set() for w in readied) >= 2  # at least two warming at once
     assert all(w.done.wait(120) and w.ok for w in readied)
+
+
+def test_a_window_on_a_busy_gpu_ends_the_executor_whose_work_it_was_and_fails_its_job(warm_slot, monkeypatch):
+    """The decision of a GPU window that finds another process's work on the GPU (the probe itself needs
+    a GPU, and is shown on the H200 by gpu_offender_slows_the_reference): executors that ran candidate
+    code are ended one at a time, the job's own first, until the GPU is free; if it was the job's own,
+    the job fails with work_left_running; another's is only ended (its job is run again isolated)."""
+    from fibray.evaluate.run import GpuWorkLeftRunning
+
+    s = warm_slot
+    _no_readied(s)
+    own = _prewarmed(s, _variant(_jobs("rmsnorm_h4096_torch")[0], "own")).ex
+    other = _prewarmed(s, _variant(_jobs("rmsnorm_h4096_torch")[0], "other")).ex
+    pristine = s.standbys[0]
+
+    def running(pid: int) -> bool:  # its context (and the work on the GPU) lasts as long as its process
+        try:
+            return sandbox.stat_fields(pid)[0] not in (b"Z", b"X")
+        except (OSError, IndexError):
+            return False
+
+    for culprit in (own, other):
+        monkeypatch.setattr(s, "_gpu_shared", lambda pid=culprit.executor_pid(): running(pid))
+        if culprit is own:
+            with pytest.raises(GpuWorkLeftRunning, match="still running after its calls had returned"):
+                s._gpu_to_itself("reference_timing", [own, other, pristine], own)
+            assert not running(own.executor_pid()) and other.alive()
+        else:
+            s._gpu_to_itself("timing", [other, pristine], own)
+            assert not running(other.executor_pid())
+    assert pristine.alive()  # never ran candidate code: never a suspect
+    monkeypatch.setattr(s, "_gpu_shared", lambda: True)  # busy with something outside the slot: nobody blamed
+    s._gpu_to_itself("timing", [pristine], None)
+    _no_readied(s)

@@ -57,6 +57,11 @@ class SideFault(Exception):
     candidate's call failing: run_job passes it up to whoever runs that side, never judges it."""
 
 
+class GpuWorkLeftRunning(Exception):
+    """A timed window found the GPU busy with another process's work, and the job's own executor was
+    the one whose end ended it (fibray.workers.slot): its calls returned with work still running."""
+
+
 class CandidateCallFailed(Exception):
     """The candidate's call failed and its side already classified the failure: an executor's own
     status, reason and log for an exception its candidate raised, which run_job keeps as they are."""
@@ -175,6 +180,8 @@ def _protocol(job: Job, judge: Judge, calls, phase: Phases, gpu, state: _Workloa
             result = _bounded_time(job, judge, calls, mem, sets, plan, overhead, phase)
     except SideFault:
         raise
+    except GpuWorkLeftRunning as e:
+        return judge.fail(Status.RUNTIME_ERROR, Reason.WORK_LEFT_RUNNING, str(e), s)
     except BoundBroken as e:  # the report contradicts what this process saw: a lie about latency
         return judge.fail(Status.RUNTIME_ERROR, e.reason, e.message, s)
     except CandidateCallFailed as e:  # classified where it was raised (an executor)
@@ -205,8 +212,11 @@ def _protocol(job: Job, judge: Judge, calls, phase: Phases, gpu, state: _Workloa
     timing = Timing(result.samples_ms, result.mode, result.sync_overhead_ms)
     if judge.reference_ready(job, state):  # timed before (this workload, or the store's): no GPU time needed
         return judge.passed(job, state, verdict, timing)
-    with gpu.hold(phase, "reference_timing", exclusive=True):
-        return judge.passed(job, state, verdict, timing)
+    try:
+        with gpu.hold(phase, "reference_timing", exclusive=True):
+            return judge.passed(job, state, verdict, timing)
+    except GpuWorkLeftRunning as e:
+        return judge.fail(Status.RUNTIME_ERROR, Reason.WORK_LEFT_RUNNING, str(e), s)
 
 
 def _when_timed(reason: str) -> str:

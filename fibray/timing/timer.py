@@ -125,6 +125,19 @@ def _sync_overhead(device: torch.device, arg_sets, flush, rate: float) -> float:
     return _sync_overheads[key]
 
 
+def round_trips_s(device: torch.device, rounds: int) -> float:
+    """Host seconds for `rounds` launches of an empty kernel, each waited for. On a GPU this process
+    has to itself that is a few tens of microseconds a round; while another process's context has
+    work, the GPU time-slices and each round waits for that context's slice to end."""
+    with torch.cuda.device(device):
+        _synchronize()
+        t0 = _perf_counter_ns()
+        for _ in range(rounds):
+            _gpu_sleep(1)
+            _synchronize()
+        return (_perf_counter_ns() - t0) / 1e9
+
+
 def device_wide_calls(timed: int) -> int:
     """How many calls the device-wide pass makes after `timed` stream-timed calls."""
     return max(5, timed // 10)

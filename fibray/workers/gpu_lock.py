@@ -33,8 +33,8 @@ class GpuLock:
         queued finish first, so none still runs when a timer takes the GPU. An executor settles
         its own work before it replies."""
         self._alone = alone
-        """Entered inside every exclusive hold: (name, the executor to keep running) -> every other
-        executor of the slot settled and stopped (GpuSlot._alone)."""
+        """Entered inside every exclusive hold: (name, the executor to keep running, the lane's own
+        executor) -> every other executor of the slot settled and stopped (GpuSlot._alone)."""
         self._cond = threading.Condition()
         self._shared = 0
         self._exclusive = False
@@ -63,16 +63,16 @@ class GpuLock:
 
     @contextmanager
     def hold(self, phase: Phases, name: str, exclusive: bool = False,
-             keep: Optional[sandbox.Executor] = None) -> Iterator[None]:
+             keep: Optional[sandbox.Executor] = None, own: Optional[sandbox.Executor] = None) -> Iterator[None]:
         """Wait for the GPU (the wait is phase `gpu_wait`), then run phase `name` on it; exclusive:
-        with every executor but `keep` stopped."""
+        with every executor but `keep` stopped (`own`: the executor of the job that holds it)."""
         with phase("gpu_wait"):
             self.acquire(exclusive)
         try:
             with phase(name), ExitStack() as alone:
                 if exclusive and self._alone is not None:
                     with phase(f"{name}.quiesce"):  # the others settled and stopped: part of `name`'s time
-                        alone.enter_context(self._alone(name, keep))
+                        alone.enter_context(self._alone(name, keep, own))
                 try:
                     yield
                 finally:
@@ -90,4 +90,4 @@ class LaneGpu:
         self.gpu, self.ex = gpu, ex
 
     def hold(self, phase: Phases, name: str, exclusive: bool = False) -> AbstractContextManager:
-        return self.gpu.hold(phase, name, exclusive, keep=None if name == "reference_timing" else self.ex)
+        return self.gpu.hold(phase, name, exclusive, keep=None if name == "reference_timing" else self.ex, own=self.ex)

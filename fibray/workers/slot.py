@@ -14,7 +14,8 @@ import os
 import socket
 import threading
 import time
-from contextlib import AbstractContextManager
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
@@ -26,11 +27,12 @@ from fibray.evaluate.memory import HostRegion
 from fibray.schema.reasons import Reason, is_fault, quarantined
 from fibray.evaluate.environment import default_device, environment
 from fibray.evaluate.phases import now_iso
-from fibray.evaluate.run import Judge, bound_log, run_job
+from fibray.evaluate.run import GpuWorkLeftRunning, Judge, bound_log, run_job
 from fibray.evaluate.phases import Phases
 from fibray.schema import EvalSettings, Evaluation, EvaluationStatus, Job, JobResult
 from fibray.timing.bound import Overhead, Stopwatch, calibrate, calibration_job
 from fibray.timing.roofline import device_caps
+from fibray.timing.timer import round_trips_s
 from fibray.workers.cpu_clock import cpu_stopwatch
 from fibray.workers.gpu_lock import GpuLock, LaneGpu
 from fibray.workers.process import sandbox
@@ -55,6 +57,30 @@ _NO_CGROUP_SAID: list[bool] = []
 
 _LYING_REASONS = frozenset({Reason.TIMING_BELOW_OBSERVED, Reason.BAD_TIMING_REPORT, Reason.WORK_LEFT_RUNNING})
 """Verdicts that prove the executor's own code was rebound: it serves no further job."""
+
+PROBE_ROUNDS = 5
+"""Empty-kernel round trips of one probe of the GPU (_gpu_shared)..."""
+PROBE_FACTOR = 20.0
+PROBE_MIN_S = 0.002
+"""...found slower than PROBE_FACTOR times the idle GPU's probe at the slot's start, and than this: shared."""
+PROBE_TRIES = 3
+PROBE_PAUSE_S = 0.005
+"""Probes, this far apart, that must all find the GPU shared before a window acts on it."""
+
+
+def _end_now(ex: sandbox.Executor, wait_s: float = deadlines.RETIRE_EXIT_S) -> None:
+    """Kill an executor's tree and wait until its own process has exited (its CUDA context with it)."""
+    pid = ex.executor_pid()
+    sandbox.kill_executor(ex)
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        try:
+            if sandbox.stat_fields(pid)[0] in (b"Z", b"X"):
+                return
+        except (OSError, ValueError, IndexError):
+            return
+        time.sleep(0.001)
+
 
 _READIED = PREWARM_AHEAD + 1
 """Executors readied ahead per slot at most: those of the groups the driver has named, and the next group's
@@ -116,6 +142,8 @@ class GpuSlot:
         self.fresh: list[sandbox.Executor] = []
         self.in_use: list[sandbox.Executor] = []
         """Single-use executors a job has taken (off the spare list, not yet retired)."""
+        self._probe_s: Optional[float] = None
+        """Seconds of a GPU probe (PROBE_ROUNDS round trips) on the idle GPU, measured in info()."""
         self.warm: dict[str, _Warm] = {}
         """Per solution hash, a standby readied for its jobs ahead of them (at most _READIED: see prewarm)."""
         prepare_triton()
@@ -356,12 +384,54 @@ class GpuSlot:
                 return False
         return h.canary_ok and h.allocated - h.baseline < LEAK_BYTES
 
-    def _alone(self, name: str, keep: Optional[sandbox.Executor]) -> AbstractContextManager:
+    @contextmanager
+    def _alone(self, name: str, keep: Optional[sandbox.Executor],
+               own: Optional[sandbox.Executor] = None) -> Iterator[None]:
         """A timed window: every executor of this slot but `keep` (all, for the reference's timing)
-        settles its device work and is stopped until the window ends."""
+        settles its device work and is stopped until the window ends. On a GPU, a stopped process's
+        queued work still runs, and a candidate can undo its executor's own synchronise: the window
+        then checks that the GPU is this process's alone (see _gpu_to_itself)."""
         with self._lock:
             executors = self._executors()
-        return self.quiet.window(name, executors, keep)
+        with self.quiet.window(name, executors, keep) as w:
+            if self.device.type == "cuda":
+                self._gpu_to_itself(name, [e for e in executors if e is not keep], own)
+            yield w
+
+    def _gpu_shared(self) -> bool:
+        """Whether another process's work is on the GPU: PROBE_TRIES probes a few ms apart (an honest
+        neighbour's last kernels drain), each PROBE_FACTOR times slower than on the idle GPU at start."""
+        if self._probe_s is None:
+            return False
+        for attempt in range(PROBE_TRIES):
+            if attempt:
+                time.sleep(PROBE_PAUSE_S)
+            if round_trips_s(self.device, PROBE_ROUNDS) <= max(PROBE_MIN_S, PROBE_FACTOR * self._probe_s):
+                return False
+        return True
+
+    def _gpu_to_itself(self, name: str, stopped: list[sandbox.Executor], own: Optional[sandbox.Executor]) -> None:
+        """If another process's work is still on the GPU in a window, end the executors that ran candidate
+        code, the job's own first (it ran last), one at a time, until the GPU is free: its process's end
+        ends its context and that work. Work of the job's own executor fails the job (`work_left_running`,
+        raised as GpuWorkLeftRunning); another's job finds its executor gone and is run again isolated."""
+        if not self._gpu_shared():
+            return
+        suspects = [e for e in stopped if e.solution is not None and e is not own]
+        if own is not None and own.solution is not None:
+            suspects.insert(0, own)
+        for ex in suspects:
+            _end_now(ex)
+            if not self._gpu_shared():
+                log.warning("slot %s: %s window: GPU work of executor %d (solution %s) was still running; ended it",
+                            self.name, name, ex.pid, ex.solution)
+                if ex is own:
+                    raise GpuWorkLeftRunning(
+                        f"GPU work of the candidate's process was still running after its calls had returned "
+                        f"(the {name.replace('_', ' ')} window found the GPU busy until that process was ended)")
+                return
+        log.error("slot %s: %s window: the GPU is busy with work of a process outside this slot; timings are not its own",
+                  self.name, name)
 
     def _left_behind(self, ex: sandbox.Executor) -> list[int]:
         """Live processes under an executor that returned from its job (it adopts its candidates' orphans)."""
@@ -386,6 +456,8 @@ class GpuSlot:
         self._overhead_for(EvalSettings(), ex)  # on the first lane's executor, before it serves any job
         if self.judge.caps is None:
             self.judge.caps = device_caps(self.device)  # the roofline's bandwidth and throughput, before any job
+        if self.device.type == "cuda" and self._probe_s is None:  # the GPU idle: no job has run on this slot
+            self._probe_s = min(round_trips_s(self.device, PROBE_ROUNDS) for _ in range(5))
         return {"name": self.name, "pid": os.getpid(), "device": str(self.device), "lanes": self.lanes,
                 "environment": self.env.model_dump(mode="json"),
                 "network_isolated": ex.network_isolated, "privileges_dropped": ex.privileges_dropped}
