@@ -502,6 +502,49 @@ def test_a_window_on_a_busy_gpu_ends_the_executor_whose_work_it_was_and_fails_it
             s._gpu_to_itself("timing", [other, pristine], own)
             assert not running(other.executor_pid())
     assert pristine.alive()  # never ran candidate code: never a suspect
-    monkeypatch.setattr(s, "_gpu_shared", lambda: True)  # busy with something outside the slot: nobody blamed
-    s._gpu_to_itself("timing", [pristine], None)
+    # busy with something outside the slot: nobody blamed, said once, and nobody ended for it again
+    monkeypatch.setattr(s, "_gpu_shared", lambda: True)
+    first = _prewarmed(s, _variant(_jobs("rmsnorm_h4096_torch")[0], "first")).ex
+    pristine, first_pid = s.standbys[0], first.executor_pid()  # readying took the earlier standby
+    s._gpu_to_itself("timing", [first, pristine], None)
+    assert not running(first_pid) and pristine.alive() and s._busy_outside
+    later = _prewarmed(s, _variant(_jobs("rmsnorm_h4096_torch")[0], "later")).ex
+    pristine = s.standbys[0]
+    s._gpu_to_itself("timing", [later, pristine], None)
+    assert later.alive() and pristine.alive()
+    monkeypatch.setattr(s, "_gpu_shared", lambda: False)
+    s._gpu_to_itself("timing", [later, pristine], None)
+    assert not s._busy_outside and later.alive()
     _no_readied(s)
+
+
+def test_a_busy_gpu_in_a_window_ends_a_daemon_a_candidate_left_behind(warm_slot, monkeypatch):
+    """GPU work of a process outside every executor's tree (a daemon re-parented to the slot) is not
+    taken for a neighbour's outside the slot: the slot's left-behind processes are killed, and the GPU is free."""
+    import subprocess
+
+    s = warm_slot
+    daemon = subprocess.Popen(["sleep", "60"], user=65534)  # a child of the slot's process, of another uid
+    try:
+        monkeypatch.setattr(s, "_gpu_shared", lambda: daemon.poll() is None)
+        s._gpu_to_itself("reference_timing", list(s.standbys), None)
+        assert daemon.wait(10) is not None and not s._busy_outside
+        assert all(e.alive() for e in s.standbys)
+    finally:
+        if daemon.poll() is None:
+            daemon.kill()
+
+
+def test_an_executor_that_died_while_idle_gives_its_lane_to_a_standby(warm_slot):
+    """A window's GPU check (or the OOM killer) can end an idle lane's executor: its solution's next job
+    gets a live one (_ready finds it ended), not a failure on the dead one and a re-run isolated."""
+    s = warm_slot
+    jobs = _jobs("rmsnorm_h4096_torch")
+    first = s.evaluate(jobs[0].model_copy(update={"job_id": "dead-idle-0"}), "auto", now_iso())
+    assert first.evaluation.status.value == "PASSED", first.evaluation.log[-300:]
+    dead = s.active
+    sandbox.kill_executor(dead)
+    dead.proc.wait(10)
+    again = s.evaluate(jobs[1].model_copy(update={"job_id": "dead-idle-1"}), "auto", now_iso())
+    assert again.evaluation.status.value == "PASSED", again.evaluation.log[-300:]
+    assert not again.escalated and again.isolation == "persistent" and s.active is not dead

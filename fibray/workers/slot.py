@@ -68,18 +68,24 @@ PROBE_PAUSE_S = 0.005
 """Probes, this far apart, that must all find the GPU shared before a window acts on it."""
 
 
-def _end_now(ex: sandbox.Executor, wait_s: float = deadlines.RETIRE_EXIT_S) -> None:
+def _end_now(ex: sandbox.Executor) -> None:
     """Kill an executor's tree and wait until its own process has exited (its CUDA context with it)."""
     pid = ex.executor_pid()
     sandbox.kill_executor(ex)
+    _wait_exited([pid])
+
+
+def _wait_exited(pids: list[int], wait_s: float = deadlines.RETIRE_EXIT_S) -> None:
+    """Until every one of `pids` has exited (a zombie, or gone), or `wait_s` passed."""
     deadline = time.monotonic() + wait_s
-    while time.monotonic() < deadline:
-        try:
-            if sandbox.stat_fields(pid)[0] in (b"Z", b"X"):
-                return
-        except (OSError, ValueError, IndexError):
-            return
-        time.sleep(0.001)
+    for pid in pids:
+        while time.monotonic() < deadline:
+            try:
+                if sandbox.stat_fields(pid)[0] in (b"Z", b"X"):
+                    break
+            except (OSError, ValueError, IndexError):
+                break
+            time.sleep(0.001)
 
 
 _READIED = PREWARM_AHEAD + 1
@@ -142,6 +148,8 @@ class GpuSlot:
         self.fresh: list[sandbox.Executor] = []
         self.in_use: list[sandbox.Executor] = []
         """Single-use executors a job has taken (off the spare list, not yet retired)."""
+        self._busy_outside = False
+        """The last window found the GPU busy from outside this slot (see _gpu_to_itself)."""
         self._probe_s: Optional[float] = None
         """Seconds of a GPU probe (PROBE_ROUNDS round trips) on the idle GPU, measured in info()."""
         self.warm: dict[str, _Warm] = {}
@@ -412,13 +420,18 @@ class GpuSlot:
 
     def _gpu_to_itself(self, name: str, stopped: list[sandbox.Executor], own: Optional[sandbox.Executor]) -> None:
         """If another process's work is still on the GPU in a window, end the executors that ran candidate
-        code, the job's own first (it ran last), one at a time, until the GPU is free: its process's end
-        ends its context and that work. Work of the job's own executor fails the job (`work_left_running`,
-        raised as GpuWorkLeftRunning); another's job finds its executor gone and is run again isolated."""
+        code, the job's own first (it ran last), one at a time, then the processes left behind to this slot,
+        until the GPU is free: a process's end ends its context and that work. Work of the job's own executor
+        fails the job (`work_left_running`, raised as GpuWorkLeftRunning); another's job finds its executor
+        gone and is run again isolated. A GPU still busy after all that is busy from outside the slot: it is
+        said once, and no executor is ended for it again until a window finds the GPU free."""
         if not self._gpu_shared():
+            self._busy_outside = False
             return
-        suspects = [e for e in stopped if e.solution is not None and e is not own]
-        if own is not None and own.solution is not None:
+        if self._busy_outside:
+            return
+        suspects = [e for e in stopped if e.solution is not None and e is not own and e.alive()]
+        if own is not None and own.solution is not None and own.alive():
             suspects.insert(0, own)
         for ex in suspects:
             _end_now(ex)
@@ -430,8 +443,15 @@ class GpuSlot:
                         f"GPU work of the candidate's process was still running after its calls had returned "
                         f"(the {name.replace('_', ' ')} window found the GPU busy until that process was ended)")
                 return
-        log.error("slot %s: %s window: the GPU is busy with work of a process outside this slot; timings are not its own",
-                  self.name, name)
+        strays = self._reap_strays(True)  # a daemon a candidate left, outside every executor's tree
+        _wait_exited(strays)
+        if strays and not self._gpu_shared():
+            log.warning("slot %s: %s window: GPU work of processes left behind was still running; killed them",
+                        self.name, name)
+            return
+        self._busy_outside = True
+        log.error("slot %s: %s window: the GPU is busy with work of a process outside this slot; timings are not "
+                  "its own until it is free", self.name, name)
 
     def _left_behind(self, ex: sandbox.Executor) -> list[int]:
         """Live processes under an executor that returned from its job (it adopts its candidates' orphans)."""
