@@ -127,6 +127,34 @@ def test_attempts_the_bound_doubted_are_shown_apart_in_the_timing_phase(tmp_path
     assert result.status.value == "PASSED", result.log[-300:]
     assert not stall and 0.3 <= phases["timing.retried"] < phases["timing"]
 
+
+@pytest.mark.parametrize("window", ["timing", "reference_timing"])
+def test_gpu_work_left_running_found_entering_a_window_is_the_jobs_verdict(tmp_path, window):
+    """A slot's window that ends the job's own executor for GPU work it left running raises
+    GpuWorkLeftRunning entering the window; run_job makes it the job's verdict, whichever window it was."""
+    from contextlib import contextmanager
+
+    from fibray.evaluate.phases import Phases
+    from fibray.evaluate.run import Evaluator, GpuWorkLeftRunning, run_job
+
+    class Gpu:
+        @contextmanager
+        def hold(self, phase, name, exclusive=False):
+            if exclusive and name == window:
+                raise GpuWorkLeftRunning("GPU work of the candidate's process was still running")
+            with phase(name):
+                yield
+
+    ev = Evaluator(tmp_path)
+    ds = load_dataset(REPO / "datasets" / "core", definitions=["rmsnorm_h4096"], solution_roots=[REPO / "solutions"],
+                      solutions=["rmsnorm_h4096_torch"], workload_set="cpu_small")
+    job = _job(ds.solutions["rmsnorm_h4096_torch"])
+    try:
+        result = run_job(job, ev.judge, ev.runner, Phases(), gpu=Gpu())
+    finally:
+        ev.runner.finish(job)
+    assert (result.status.value, result.reason) == ("RUNTIME_ERROR", "work_left_running"), result.log[-300:]
+
 def _job(sol: Solution) -> Job:
     ds = load_dataset(REPO / "datasets" / "core", definitions=["rmsnorm_h4096"], solution_roots=[REPO / "solutions"],
                       solutions=["rmsnorm_h4096_torch"], workload_set="cpu_small")

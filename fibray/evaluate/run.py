@@ -105,6 +105,8 @@ def run_job(job: Job, judge: Judge, calls, phases: Optional[Phases] = None, gpu=
         return judge.fail(Status.RUNTIME_ERROR, Reason.BAD_WORKLOAD_INPUT, str(e), s)
     try:
         return _protocol(job, judge, calls, phase, gpu, state, mem, plan, overhead)
+    except GpuWorkLeftRunning as e:  # raised entering a timed window (the candidate's or the reference's)
+        return judge.fail(Status.RUNTIME_ERROR, Reason.WORK_LEFT_RUNNING, str(e), s)
     finally:
         mem.close()
 
@@ -178,10 +180,8 @@ def _protocol(job: Job, judge: Judge, calls, phase: Phases, gpu, state: _Workloa
             mem.settle()
         with gpu.hold(phase, "timing", exclusive=True):
             result = _bounded_time(job, judge, calls, mem, sets, plan, overhead, phase)
-    except SideFault:
+    except (SideFault, GpuWorkLeftRunning):
         raise
-    except GpuWorkLeftRunning as e:
-        return judge.fail(Status.RUNTIME_ERROR, Reason.WORK_LEFT_RUNNING, str(e), s)
     except BoundBroken as e:  # the report contradicts what this process saw: a lie about latency
         return judge.fail(Status.RUNTIME_ERROR, e.reason, e.message, s)
     except CandidateCallFailed as e:  # classified where it was raised (an executor)
@@ -212,11 +212,8 @@ def _protocol(job: Job, judge: Judge, calls, phase: Phases, gpu, state: _Workloa
     timing = Timing(result.samples_ms, result.mode, result.sync_overhead_ms)
     if judge.reference_ready(job, state):  # timed before (this workload, or the store's): no GPU time needed
         return judge.passed(job, state, verdict, timing)
-    try:
-        with gpu.hold(phase, "reference_timing", exclusive=True):
-            return judge.passed(job, state, verdict, timing)
-    except GpuWorkLeftRunning as e:
-        return judge.fail(Status.RUNTIME_ERROR, Reason.WORK_LEFT_RUNNING, str(e), s)
+    with gpu.hold(phase, "reference_timing", exclusive=True):
+        return judge.passed(job, state, verdict, timing)
 
 
 def _when_timed(reason: str) -> str:

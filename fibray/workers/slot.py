@@ -72,20 +72,7 @@ def _end_now(ex: sandbox.Executor) -> None:
     """Kill an executor's tree and wait until its own process has exited (its CUDA context with it)."""
     pid = ex.executor_pid()
     sandbox.kill_executor(ex)
-    _wait_exited([pid])
-
-
-def _wait_exited(pids: list[int], wait_s: float = deadlines.RETIRE_EXIT_S) -> None:
-    """Until every one of `pids` has exited (a zombie, or gone), or `wait_s` passed."""
-    deadline = time.monotonic() + wait_s
-    for pid in pids:
-        while time.monotonic() < deadline:
-            try:
-                if sandbox.stat_fields(pid)[0] in (b"Z", b"X"):
-                    break
-            except (OSError, ValueError, IndexError):
-                break
-            time.sleep(0.001)
+    sandbox.wait_exited([pid], time.monotonic() + deadlines.RETIRE_EXIT_S, poll_s=0.001)
 
 
 _READIED = PREWARM_AHEAD + 1
@@ -444,7 +431,7 @@ class GpuSlot:
                         f"(the {name.replace('_', ' ')} window found the GPU busy until that process was ended)")
                 return
         strays = self._reap_strays(True)  # a daemon a candidate left, outside every executor's tree
-        _wait_exited(strays)
+        sandbox.wait_exited(strays, time.monotonic() + deadlines.RETIRE_EXIT_S, poll_s=0.001)
         if strays and not self._gpu_shared():
             log.warning("slot %s: %s window: GPU work of processes left behind was still running; killed them",
                         self.name, name)

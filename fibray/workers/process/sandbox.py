@@ -23,7 +23,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import Optional
+from typing import Iterable, Optional
 
 import fibray
 from fibray import deadlines
@@ -539,6 +539,18 @@ def kill_executor(ex: Executor) -> None:
         kill_tree(ex.pid, ex.pid)
 
 
+def wait_exited(pids: Iterable[int], deadline: float, poll_s: float = 0.01) -> None:
+    """Until each of `pids` has exited (a zombie, or gone), or the monotonic `deadline` has passed."""
+    for pid in pids:
+        while time.monotonic() < deadline:
+            try:
+                if _stat(pid)[1] in ("Z", "X"):
+                    break
+            except (OSError, ValueError, IndexError):
+                break
+            time.sleep(poll_s)
+
+
 def retire(ex: Executor, wait_s: float = deadlines.RETIRE_EXIT_S) -> None:
     """Put an executor down with its whole tree, close its channel, remove its directory."""
     tree = descendants(ex.pid) if ex.proc.returncode is None else []
@@ -549,15 +561,8 @@ def retire(ex: Executor, wait_s: float = deadlines.RETIRE_EXIT_S) -> None:
         pass
     # with a PID namespace the executor is the launcher's child: once the launcher is gone it
     # re-parents to us, and must be dead (and collected) before a stray reap could take it for a stray
-    deadline = time.monotonic() + wait_s
+    wait_exited(tree, time.monotonic() + wait_s)
     for pid in tree:
-        while time.monotonic() < deadline:
-            try:
-                if _stat(pid)[1] in ("Z", "X"):
-                    break
-            except (OSError, ValueError, IndexError):
-                break
-            time.sleep(0.01)
         try:
             os.waitpid(pid, os.WNOHANG)
         except ChildProcessError:
