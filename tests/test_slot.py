@@ -385,11 +385,12 @@ def test_an_executor_whose_warm_up_call_left_a_thread_is_not_kept_for_the_job(wa
     assert s.counters["prewarmed"] == before["prewarmed"]
 
 
-def _variant(job: Job, tag: str) -> Job:
-    """`job` with a solution of its own (same code, another comment): a solution no executor serves yet."""
+def _variant(job: Job, tag: str, prelude: str = "") -> Job:
+    """`job` with a solution of its own (same code, another comment, `prelude` run as its module loads):
+    a solution no executor serves yet."""
     raw = job.solution.model_dump(mode="json")
     raw["name"] = f"{raw['name']}_{tag}"
-    raw["sources"][0]["content"] = f"# {tag}\n" + raw["sources"][0]["content"]
+    raw["sources"][0]["content"] = f"# {tag}\n{prelude}" + raw["sources"][0]["content"]
     return job.model_copy(update={"solution": Solution.model_validate(raw), "job_id": f"{job.job_id}-{tag}"})
 
 
@@ -465,7 +466,8 @@ def test_the_slot_readies_several_named_solutions_at_once(warm_slot):
 
     s = warm_slot
     _no_readied(s)
-    jobs = [_variant(_jobs("rmsnorm_h4096_torch")[0], f"ahead{i}") for i in range(PREWARM_AHEAD)]
+    slow_build = "import time as _time\n_time.sleep(5)\n"  # each warm-up outlasts the calls below
+    jobs = [_variant(_jobs("rmsnorm_h4096_torch")[0], f"ahead{i}", slow_build) for i in range(PREWARM_AHEAD)]
     for job in jobs:
         s.prewarm([job])  # back to back: none has ended its warm-up yet
     readied = [s.warm[job.solution.hash] for job in jobs]
