@@ -267,6 +267,26 @@ def test_what_an_executor_leaves_behind_dies_with_it():
         time.sleep(0.05)
 
 
+def test_an_executor_in_a_pid_namespace_killed_by_sigkill_reads_so():
+    """The supervisor reads an executor's end from the relay above it, which ends by the signal that
+    ended the executor; for SIGKILL (the kernel's OOM killer, say), whose action cannot be set, the relay
+    had raised and said status 1."""
+    if not sandbox.pid_namespaces_available():
+        pytest.skip("this OS refuses PID namespaces")
+    argv = sandbox_argv(max_open_files=256, max_processes=256, memory_limit_bytes=None, cpu_seconds=None,
+                        netns=False, uid=DEFAULT_UID_RANGE[0], pidns=True)
+    relay = subprocess.Popen([*argv, sys.executable, "-c", "import time; print('up', flush=True); time.sleep(60)"],
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        assert relay.stdout.readline().strip() == "up"
+        (executor,) = sandbox._children(relay.pid)
+        os.kill(executor, signal.SIGKILL)  # from outside: its namespace's init ignores its own signals
+        assert relay.wait(timeout=30) == -signal.SIGKILL
+    finally:
+        relay.kill()
+        relay.wait()
+
+
 _HIDE_AND_LEAVE = """
 import os, signal, time
 signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the kernel collects the child: its CPU time comes back to no one

@@ -88,7 +88,8 @@ def _relay(child: int, parent: int, alive_fd: int) -> None:
         time.sleep(0.05)
     if os.WIFSIGNALED(status):
         sig = os.WTERMSIG(status)
-        signal.signal(sig, signal.SIG_DFL)
+        if sig != signal.SIGKILL:  # its action cannot be set (and is already the default)
+            signal.signal(sig, signal.SIG_DFL)
         os.kill(os.getpid(), sig)
     os._exit(os.waitstatus_to_exitcode(status) & 0xFF)
 
