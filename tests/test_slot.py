@@ -248,8 +248,10 @@ def test_what_a_solution_leaves_in_its_executor_never_reaches_the_next_solution(
 
     time.sleep(2.0)  # the thread's patch lands after its job and health check
     for job in _jobs()[:2]:
-        result = slot.evaluate(job, "auto", now_iso())
+        # a sweep of their own: earlier tests' faults of this solution would send them to fresh processes
+        result = slot.evaluate(job.model_copy(update={"sweep": f"after-{offender}"}), "auto", now_iso())
         assert result.evaluation.status.value == "PASSED", result.evaluation.log[-500:]
+        assert result.isolation == "persistent" and not result.escalated
     assert slot.active.pid != pid  # one executor, one solution: retired, not reused
     assert slot.counters["solution_changes" if offender == "offender_patches_torch" else "retired"] >= 1
 
