@@ -432,3 +432,69 @@ def test_executors_whose_writes_cannot_be_confined_are_refused(monkeypatch):
         assert why is not None and f"runner.workdir {shm} is below /dev/shm" in why
     finally:
         os.rmdir(shm)
+
+
+_FORKS_PAST_MEMORY = r"""
+import os, time
+pids = []
+for _ in range(2):
+    pid = os.fork()
+    if pid == 0:
+        held = [b"\x01" * (1 << 27) for _ in range(3)]  # 384 MiB each, written: resident
+        time.sleep(1.0)
+        os._exit(0)
+    pids.append(pid)
+print([os.waitpid(pid, 0)[1] for pid in pids])
+"""
+
+
+def test_the_processes_an_executor_starts_stay_under_its_memory_bound_together():
+    """RLIMIT_AS bounds one process (and cannot be set under CUDA at all); the memory cgroup bounds all
+    of them: two children of 384 MiB each, under 512 MiB together, and the kernel ends one."""
+    from fibray.workers.process.cgroup import ExecutorCgroup, memory_hierarchy
+
+    if memory_hierarchy() is None:
+        pytest.skip("no memory cgroup can be made here (fibray not root, or no memory controller)")
+    cg = ExecutorCgroup.create(cpu=False, memory_bytes=512 << 20)
+    assert cg is not None and cg.bounds_memory and not cg.counts_cpu
+    try:
+        argv = sandbox_argv(max_open_files=256, max_processes=256, memory_limit_bytes=None, cpu_seconds=None,
+                            netns=False, uid=DEFAULT_UID_RANGE[0], pidns=False, cgroup=cg.procs_files)
+        out = subprocess.run([*argv, sys.executable, "-c", _FORKS_PAST_MEMORY], capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out
+        killed = [os.WTERMSIG(s) for s in eval(out.stdout) if os.WIFSIGNALED(s)]
+        assert signal.SIGKILL in killed and cg.oom_kills() >= 1, out
+    finally:
+        assert cg.remove()
+
+
+def test_an_executor_the_kernel_ended_for_going_over_its_memory_bound_says_so():
+    """On a GPU no RLIMIT_AS stops the executor itself: the memory cgroup does, and its end is a verdict
+    (out_of_memory), not a crash. Here the kernel picks the executor, whatever else its cgroup holds."""
+    from fibray.schema.reasons import Reason
+    from fibray.workers.process.cgroup import _bound_memory
+
+    ex = sandbox.spawn("cpu", reachable_tmpdir("fibray-memcg-"), sandbox.SandboxPolicy(), single_use=True)
+    hog = None
+    try:
+        recv(ex.conn, time.monotonic() + 120, ex.arena)
+        if ex.cgroup is None or not ex.cgroup.bounds_memory:
+            pytest.skip("no memory cgroup can be made here (fibray not root, or no memory controller)")
+        assert ex.cgroup.memory_limit == 16 << 30  # runner.memory_limit_gb's default
+        _bound_memory(ex.cgroup.memory_h, ex.cgroup.memory, 1 << 30)  # a small bound, for a small test
+        with open(f"/proc/{ex.executor_pid()}/oom_score_adj", "w") as f:
+            f.write("1000")  # the kernel's first choice in its cgroup
+        hog = subprocess.Popen([sys.executable, "-c", "import sys, time\nsys.stdin.readline()\n"
+                                "held = [b'1' * (1 << 27) for _ in range(12)]\ntime.sleep(30)"], stdin=subprocess.PIPE)
+        with open(ex.cgroup.memory / "cgroup.procs", "w") as f:
+            f.write(str(hog.pid))
+        hog.stdin.write(b"go\n")
+        hog.stdin.flush()
+        ex.proc.wait(timeout=60)
+        reason, detail = ex.exit_reason()
+        assert reason == Reason.OUT_OF_MEMORY and "runner.memory_limit_gb" in detail, (reason, detail)
+    finally:
+        if hog is not None:
+            hog.kill()
+            hog.wait()
+        sandbox.retire(ex)

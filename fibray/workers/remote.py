@@ -62,6 +62,9 @@ class RemoteCalls:
         self.threads = threads_of(self.executor_pid)
         """The executor's threads when the job started, then once its solution is built (from /proc,
         not from the executor): a call that returns leaving more is work left running."""
+        self.oom_kills = ex.cgroup.oom_kills() if ex.cgroup is not None else 0
+        """Processes of the executor's memory cgroup the kernel had ended when the job started: one more
+        after a call (a child the candidate started went over the bound, its executor lived on) fails it."""
 
     def _ask(self, req: Request, deadline: float, phase: str, fds: Optional[list[int]] = None) -> Reply:
         try:
@@ -109,7 +112,7 @@ class RemoteCalls:
     def warm(self, job: Job) -> bool:
         """One call on inputs the executor draws itself, judged by nobody (Op.WARM); True if it returned
         without a failure and left no thread running."""
-        return self._run(Request(Op.WARM, job)).ok and self._left_running() is None
+        return self._run(Request(Op.WARM, job)).ok and self._after_call() is None
 
     def attach(self, job: Job, layout: Layout, region: Region) -> None:
         fd = region.share()
@@ -119,9 +122,15 @@ class RemoteCalls:
         if not reply.ok:
             raise ExecutorFault(Status.RUNTIME_ERROR, Reason.EXECUTOR_ERROR, f"mapping the job's region failed: {reply.error}")
 
-    def _left_running(self) -> Optional[CandidateFailure]:
+    def _after_call(self) -> Optional[CandidateFailure]:
         """Threads of the executor beyond those it had when the job started, read from /proc after a
-        request returned: work the candidate left running after its call (it counts, or fails the job)."""
+        request returned: work the candidate left running after its call (it counts, or fails the job);
+        or a process of its cgroup ended for going over the host memory bound during the call."""
+        cg = self.ex.cgroup
+        if cg is not None and cg.oom_kills() > self.oom_kills:
+            return CandidateFailure(status="RUNTIME_ERROR", reason=Reason.OUT_OF_MEMORY,
+                                    log=f"a process of the executor went over their host memory bound of "
+                                        f"{cg.memory_limit / (1 << 30):g} GiB (runner.memory_limit_gb); the kernel ended it")
         now = threads_of(self.executor_pid)
         if now > self.threads:
             return CandidateFailure(status="RUNTIME_ERROR", reason=Reason.WORK_LEFT_RUNNING,
@@ -136,7 +145,7 @@ class RemoteCalls:
         out = self._expect(reply, TrialOutput)
         if out.failure is not None and out.failure.reason in POISONING_REASONS:
             raise ExecutorFault(Status(out.failure.status), out.failure.reason, out.failure.log)
-        left = self._left_running()
+        left = self._after_call()
         return out if out.failure is not None or left is None else TrialOutput(failure=left)
 
     def _expect(self, reply: Reply, kind):
@@ -156,7 +165,7 @@ class RemoteCalls:
 
     def time(self, job: Job) -> TimeResult:
         result = self._expect(self._timing_request(Request(Op.TIME, job)), TimeResult)
-        left = self._left_running()
+        left = self._after_call()
         return result if result.failure is not None or left is None else TimeResult(failure=left)
 
     def _timing_request(self, req: Request) -> Reply:

@@ -55,8 +55,10 @@ class NoExecutor(RuntimeError):
 _NO_CGROUP_SAID: list[bool] = []
 """Non-empty once a CPU slot said that its executors have no cgroup (said once a process)."""
 
-_LYING_REASONS = frozenset({Reason.TIMING_BELOW_OBSERVED, Reason.BAD_TIMING_REPORT, Reason.WORK_LEFT_RUNNING})
-"""Verdicts that prove the executor's own code was rebound: it serves no further job."""
+_RETIRING_REASONS = frozenset({Reason.TIMING_BELOW_OBSERVED, Reason.BAD_TIMING_REPORT, Reason.WORK_LEFT_RUNNING,
+                               Reason.OUT_OF_MEMORY})
+"""Verdicts after which the executor serves no further job: its own code was rebound, or its memory ran out
+(a process of it ended by the kernel, or a MemoryError anywhere in it): the next job finds a fresh one."""
 
 PROBE_ROUNDS = 5
 """Empty-kernel round trips of one probe of the GPU (_gpu_shared)..."""
@@ -478,12 +480,13 @@ class GpuSlot:
         busy machine); on a GPU slot the timed window holds the GPU alone and the wall is read."""
         if self.device.type != "cpu":
             return None
-        if ex.cgroup is None and not _NO_CGROUP_SAID:
+        counted = ex.cgroup is not None and ex.cgroup.counts_cpu
+        if not counted and not _NO_CGROUP_SAID:
             _NO_CGROUP_SAID.append(True)
             log.warning("no cgroup could be made for CPU accounting (fibray runs unprivileged, or no cgroup "
                         "hierarchy is writable): a CPU slot's timing bound reads the plain wall, and honest "
                         "reports may break it on a loaded host")
-        return cpu_stopwatch(ex.executor_pid(), ex.cgroup.usage_s if ex.cgroup is not None else None)
+        return cpu_stopwatch(ex.executor_pid(), ex.cgroup.usage_s if counted else None)
 
     def _overhead_for(self, s: EvalSettings, pristine: Optional[sandbox.Executor] = None) -> Overhead:
         """The per-slot timing overhead for this timing mode, calibrated once on an executor no
@@ -571,8 +574,8 @@ class GpuSlot:
                 evaluation = self._fault_verdict(job, fault, ex)
         else:
             # a report that lied about its latency came from a process the candidate rebound
-            lied = evaluation.reason in _LYING_REASONS
-            retire = ex.single_use or left or lied or not self._healthy(ex, phase)
+            spoilt = evaluation.reason in _RETIRING_REASONS
+            retire = ex.single_use or left or spoilt or not self._healthy(ex, phase)
             if retire:
                 with phase("retire"):
                     self._discard(ex)

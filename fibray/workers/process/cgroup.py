@@ -8,6 +8,11 @@ that hides its work in such children read cheaper than it was. Every process for
 stays in it, and the cgroup's usage counter keeps the time of those that have exited. The
 executor joins its cgroup before it drops its privileges (launch.apply); the directory is root's,
 so the candidate's uid cannot leave it. Never imported by an executor but for `join`.
+
+The same cgroup (or, on cgroup v1, one in the memory hierarchy beside it) bounds the host memory of
+everything the executor starts: RLIMIT_AS bounds one process's address space, which a candidate
+escapes by forking, and cannot be set at all on a GPU (CUDA maps far more address space than it
+uses). When a process of the cgroup goes over, the kernel ends it and counts an OOM kill there.
 """
 
 from __future__ import annotations
@@ -35,24 +40,25 @@ class Hierarchy:
         return path / ("cpu.stat" if self.v2 else "cpuacct.usage")
 
 
-def _own_paths() -> tuple[Optional[str], Optional[str]]:
-    """This process's cgroup in the v2 hierarchy and in the v1 one holding cpuacct (None: not in one)."""
+def _own_paths(controller: str) -> tuple[Optional[str], Optional[str]]:
+    """This process's cgroup in the v2 hierarchy and in the v1 one holding `controller` (None: not in one)."""
     v2 = v1 = None
     for line in Path("/proc/self/cgroup").read_text().splitlines():
         hid, controllers, path = line.split(":", 2)
         if hid == "0" and controllers == "":
             v2 = path
-        elif "cpuacct" in controllers.split(","):
+        elif controller in controllers.split(","):
             v1 = path
     return v2, v1
 
 
-def hierarchies() -> list[Hierarchy]:
-    """cgroup v2, then v1 cpuacct, each where this process sits in it (from /proc/self/mountinfo)."""
+def hierarchies(controller: str = "cpuacct") -> list[Hierarchy]:
+    """cgroup v2, then the v1 hierarchy of `controller`, each where this process sits in it (from
+    /proc/self/mountinfo). Whether v2 has the controller there is for a probe to find out."""
     found: list[Hierarchy] = []
     try:
         lines = Path("/proc/self/mountinfo").read_text().splitlines()
-        own_v2, own_v1 = _own_paths()
+        own_v2, own_v1 = _own_paths(controller)
     except OSError:
         return found
     for v2, own in ((True, own_v2), (False, own_v1)):
@@ -64,7 +70,7 @@ def hierarchies() -> list[Hierarchy]:
             if len(fields) < 5 or len(post_fields) < 3:
                 continue
             root, mount, fstype, options = fields[3], fields[4], post_fields[0], post_fields[2].split(",")
-            if fstype != ("cgroup2" if v2 else "cgroup") or (not v2 and "cpuacct" not in options):
+            if fstype != ("cgroup2" if v2 else "cgroup") or (not v2 and controller not in options):
                 continue
             rel = os.path.relpath(own, root) if own.startswith(root) else None
             if rel is None or rel.startswith(".."):
@@ -97,8 +103,38 @@ def _remove_stale(h: Hierarchy) -> None:
 
 
 _HIERARCHY: list[Optional[Hierarchy]] = []
+_MEMORY: list[Optional[Hierarchy]] = []
 _PROBING = threading.Lock()  # lanes spawn executors from several threads
 _SERIAL = itertools.count()
+
+
+def _limit_file(h: Hierarchy, path: Path) -> Path:
+    return path / ("memory.max" if h.v2 else "memory.limit_in_bytes")
+
+
+def _bound_memory(h: Hierarchy, path: Path, limit: int) -> None:
+    """Bound the memory of cgroup `path` to `limit` bytes, swap included where swap is accounted
+    (OSError if the limit itself cannot be set)."""
+    _limit_file(h, path).write_text(str(limit))
+    swap = path / ("memory.swap.max" if h.v2 else "memory.memsw.limit_in_bytes")
+    if swap.exists():  # v1: memory and swap together, at least the memory limit; v2: swap alone
+        try:
+            swap.write_text("0" if h.v2 else str(limit))
+        except OSError:
+            pass  # the host accounts no swap: memory alone is bounded
+
+
+def oom_kills(h: Hierarchy, path: Path) -> int:
+    """How many processes the kernel has ended in cgroup `path` for going over its memory limit."""
+    name = "memory.events" if h.v2 else "memory.oom_control"
+    try:
+        for line in (path / name).read_text().splitlines():
+            key, _, value = line.partition(" ")
+            if key == "oom_kill":
+                return int(value)
+    except (OSError, ValueError):
+        pass
+    return 0
 
 
 def hierarchy() -> Optional[Hierarchy]:
@@ -108,6 +144,33 @@ def hierarchy() -> Optional[Hierarchy]:
         if not _HIERARCHY:
             _HIERARCHY.append(_probe())
     return _HIERARCHY[0]
+
+
+def memory_hierarchy() -> Optional[Hierarchy]:
+    """The first hierarchy where this process can make a cgroup and bound its memory (None: none).
+    Probed once a process."""
+    with _PROBING:
+        if not _MEMORY:
+            _MEMORY.append(_probe_memory())
+    return _MEMORY[0]
+
+
+def _probe_memory() -> Optional[Hierarchy]:
+    for h in hierarchies("memory"):
+        probe = h.base / f"fibray-probe-{os.getpid()}-memory"
+        try:
+            probe.mkdir()
+        except OSError:
+            continue
+        try:
+            _bound_memory(h, probe, 1 << 40)
+        except OSError:
+            continue  # v2 without the memory controller delegated here
+        finally:
+            _rmdir(probe)
+        _remove_stale(h)
+        return h
+    return None
 
 
 def _probe() -> Optional[Hierarchy]:
@@ -122,10 +185,7 @@ def _probe() -> Optional[Hierarchy]:
         except (OSError, ValueError):
             continue
         finally:
-            try:
-                probe.rmdir()
-            except OSError:
-                pass
+            _rmdir(probe)
         _remove_stale(h)
         return h
     return None
@@ -133,58 +193,122 @@ def _probe() -> Optional[Hierarchy]:
 
 @dataclass
 class ExecutorCgroup:
-    """One executor's cgroup: it and everything it starts are counted here."""
+    """One executor's cgroups: it and everything it starts are counted (CPU time, `path` in `h`) and
+    bounded (host memory, `memory` in `memory_h`; on cgroup v2 one directory does both)."""
 
-    path: Path
-    h: Hierarchy
+    path: Optional[Path]
+    h: Optional[Hierarchy]
+    memory: Optional[Path] = None
+    memory_h: Optional[Hierarchy] = None
+    memory_limit: Optional[int] = None
 
     @classmethod
-    def create(cls, h: Optional[Hierarchy] = None) -> Optional["ExecutorCgroup"]:
-        """A new, empty cgroup in `h` (by default the usable hierarchy; None where there is none)."""
-        h = h or hierarchy()
-        if h is None:
-            return None
-        path = h.base / f"fibray-{os.getpid()}-{next(_SERIAL)}"
-        try:
-            path.mkdir()
-        except OSError:
-            return None
-        return cls(path, h)
+    def create(cls, h: Optional[Hierarchy] = None, *, cpu: bool = True,
+               memory_bytes: Optional[int] = None) -> Optional["ExecutorCgroup"]:
+        """New, empty cgroups: one counting CPU time in `h` (by default the usable hierarchy) if `cpu`,
+        and one bounding memory to `memory_bytes` if given. What cannot be made is left out (see
+        `counts_cpu`, `bounds_memory`); None when neither can."""
+        name = f"fibray-{os.getpid()}-{next(_SERIAL)}"
+        cg = cls(None, None)
+        if cpu:
+            h = h or hierarchy()
+            if h is not None and _mkdir(h.base / name):
+                cg.path, cg.h = h.base / name, h
+        mh = memory_hierarchy() if memory_bytes else None
+        if mh is not None:
+            where = mh.base / name
+            shared = where == cg.path  # cgroup v2: one directory counts and bounds
+            if shared or _mkdir(where):
+                try:
+                    _bound_memory(mh, where, memory_bytes)
+                    cg.memory, cg.memory_h, cg.memory_limit = where, mh, memory_bytes
+                except OSError:
+                    if not shared:
+                        _rmdir(where)
+        return cg if cg.path is not None or cg.memory is not None else None
+
+    @property
+    def counts_cpu(self) -> bool:
+        return self.path is not None
+
+    @property
+    def bounds_memory(self) -> bool:
+        return self.memory is not None
+
+    def _dirs(self) -> list[Path]:
+        return list(dict.fromkeys(p for p in (self.path, self.memory) if p is not None))
+
+    @property
+    def procs_files(self) -> list[str]:
+        """What an executor writes "0" to, to join each of its cgroups (launch.apply)."""
+        return [str(p / "cgroup.procs") for p in self._dirs()]
 
     @property
     def procs_file(self) -> str:
-        """What an executor writes "0" to, to join (launch.apply)."""
+        """The cgroup.procs of its CPU-accounting cgroup."""
+        if self.path is None:
+            raise ValueError("this executor's cgroups count no CPU time")
         return str(self.path / "cgroup.procs")
 
     def usage_s(self) -> float:
         """CPU seconds of every process that was ever in it (exited ones included)."""
+        if self.path is None or self.h is None:
+            raise ValueError("this executor's cgroups count no CPU time")
         return _usage_s(self.h, self.path)
 
+    def oom_kills(self) -> int:
+        """Processes the kernel has ended in it for going over its memory bound (0 where unbounded)."""
+        return oom_kills(self.memory_h, self.memory) if self.memory is not None and self.memory_h is not None else 0
+
     def pids(self) -> list[int]:
-        try:
-            return [int(p) for p in Path(self.procs_file).read_text().split()]
-        except (OSError, ValueError):
-            return []
+        found: dict[int, None] = {}
+        for procs in self.procs_files:
+            try:
+                found.update(dict.fromkeys(int(p) for p in Path(procs).read_text().split()))
+            except (OSError, ValueError):
+                pass
+        return list(found)
 
     def remove(self, wait_s: float = 1.0) -> bool:
-        """Remove it once its processes are gone (they must be killed first); False if it stayed."""
+        """Remove them once their processes are gone (they must be killed first); False if one stayed."""
         deadline = time.monotonic() + wait_s
+        left = self._dirs()
         while True:
-            try:
-                self.path.rmdir()
+            for path in list(left):
+                try:
+                    path.rmdir()
+                    left.remove(path)
+                except FileNotFoundError:
+                    left.remove(path)
+                except OSError:
+                    pass
+            if not left:
                 return True
-            except FileNotFoundError:
-                return True
-            except OSError:
-                if time.monotonic() >= deadline:
-                    return False
-                time.sleep(0.01)
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.01)
 
 
-def join(procs_file: str) -> None:
-    """In the executor, before it drops privileges: move this process into its cgroup, or end it."""
+def _mkdir(path: Path) -> bool:
     try:
-        with open(procs_file, "w") as f:
-            f.write("0")
+        path.mkdir()
+        return True
+    except OSError:
+        return False
+
+
+def _rmdir(path: Path) -> None:
+    try:
+        path.rmdir()
+    except OSError:
+        pass
+
+
+def join(procs_files: list[str]) -> None:
+    """In the executor, before it drops privileges: move this process into its cgroups, or end it."""
+    try:
+        for procs_file in procs_files:
+            with open(procs_file, "w") as f:
+                f.write("0")
     except OSError:
         os._exit(CGROUP_REFUSED)

@@ -52,7 +52,7 @@ class SandboxPolicy:
 
     max_open_files: int = 4096
     max_processes: int = 4096
-    memory_limit_bytes: Optional[int] = 16 << 30  # address space, CPU devices only (CUDA maps huge VA)
+    memory_limit_bytes: Optional[int] = 16 << 30  # a memory cgroup's bound; also RLIMIT_AS on CPU (CUDA maps huge VA)
     cpu_seconds: Optional[int] = None              # CPU time, for single-use executors
     isolate_network: bool = True
     pid_namespace: bool = True                      # own PID namespace and /proc where the OS allows it
@@ -230,7 +230,8 @@ class Executor:
     uid: Optional[UidLease] = None
     """The uid this executor alone runs as (released when it is retired)."""
     cgroup: Optional[ExecutorCgroup] = None
-    """The CPU-accounting cgroup it and everything it starts are in (CPU slots; removed when it is retired)."""
+    """The cgroups it and everything it starts are in: CPU time counted (CPU slots), host memory bounded
+    (policy.memory_limit_bytes); removed when it is retired."""
     solution: Optional[str] = None
     """Hash of the one solution this executor serves (set by its first job); it is retired before another."""
     started: float = field(default_factory=time.monotonic)
@@ -274,6 +275,10 @@ class Executor:
         code = self.proc.poll()
         if code is None:
             return None, ""
+        if code == -signal.SIGKILL and self.cgroup is not None and self.cgroup.oom_kills():
+            return Reason.OUT_OF_MEMORY, (f"the executor's processes went over their host memory bound of "
+                                          f"{self.cgroup.memory_limit / (1 << 30):g} GiB (runner.memory_limit_gb); "
+                                          f"the kernel ended them")
         if code < 0:
             name = signal.Signals(-code).name if -code in signal.Signals._value2member_map_ else str(-code)
             return Reason.KILLED_BY_SIGNAL, f"executor killed by {name}"
@@ -284,7 +289,7 @@ class Executor:
         if code == SCRATCH_REFUSED:
             return Reason.SANDBOX_FAILED, "the executor's writes could not be confined to its scratch"
         if code == CGROUP_REFUSED and self.cgroup is not None:
-            return Reason.SANDBOX_FAILED, f"the executor could not join its cgroup {self.cgroup.path}"
+            return Reason.SANDBOX_FAILED, f"the executor could not join its cgroups {self.cgroup.procs_files}"
         return Reason.CRASHED, f"executor exited with status {code}"
 
 
@@ -328,6 +333,18 @@ def fork_server(device: str, base_dir: Path, policy: SandboxPolicy) -> Optional[
 
 _FALLBACK_SAID: list[bool] = []
 """Non-empty once a spawn said that the fork server could not start executors (said once a process)."""
+_UNBOUNDED_SAID: set[str] = set()
+"""The devices whose executors' host memory a spawn said it could not bound (said once a process)."""
+
+
+def _say_memory_unbounded(device: str) -> None:
+    if device in _UNBOUNDED_SAID:
+        return
+    _UNBOUNDED_SAID.add(device)
+    what = ("is bounded per process only (RLIMIT_AS), not for the processes they start together" if device == "cpu"
+            else "is not bounded (RLIMIT_AS cannot be set under CUDA)")
+    print(f"fibray: no memory cgroup can be made (fibray runs unprivileged, or the memory controller is not "
+          f"delegated to its cgroup): the host memory of {device} executors {what}", file=sys.stderr)
 
 
 def spawn(device: str, base_dir: Path, policy: SandboxPolicy, single_use: bool,
@@ -350,10 +367,13 @@ def spawn(device: str, base_dir: Path, policy: SandboxPolicy, single_use: bool,
     env = _executor_env(device, workdir, policy)
     limits = policy if device == "cpu" else SandboxPolicy(**{**policy.__dict__, "memory_limit_bytes": None})
     arena = Arena.create(policy.arena_bytes) if policy.arena_bytes else None
-    cgroup = ExecutorCgroup.create() if device == "cpu" else None  # what a CPU slot's timing bound reads
+    # CPU time: what a CPU slot's timing bound reads; memory: what RLIMIT_AS cannot bound (forks, CUDA)
+    cgroup = ExecutorCgroup.create(cpu=device == "cpu", memory_bytes=policy.memory_limit_bytes)
+    if policy.memory_limit_bytes and (cgroup is None or not cgroup.bounds_memory):
+        _say_memory_unbounded(device)
     spec = sandbox_spec(max_open_files=limits.max_open_files, max_processes=limits.max_processes,
                         memory_limit_bytes=limits.memory_limit_bytes, cpu_seconds=limits.cpu_seconds,
-                        netns=netns, uid=uid, pidns=pidns, cgroup=cgroup.procs_file if cgroup is not None else None,
+                        netns=netns, uid=uid, pidns=pidns, cgroup=cgroup.procs_files if cgroup is not None else None,
                         scratch_bytes=scratch, workdir=str(workdir))
     try:
         proc = _forked(server, spec, env, workdir, device, theirs, side_theirs, arena) if server is not None else None
