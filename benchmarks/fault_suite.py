@@ -61,8 +61,7 @@ def main() -> int:
                   eval__build_deadline_s=15 if gpu else 8, eval__run_deadline_s=15 if gpu else 12,
                   eval__warmup=3, eval__iterations=10, eval__trials=2, runner__quarantine_after=2,
                   runner__lanes=args.lanes, runner__scratch_gb=0.25,  # offender_fills_disk fills it
-                  # offender_forks_past_memory goes over it (5 x 1.5 GiB; on a CPU, 5 x what RLIMIT_AS leaves)
-                  runner__memory_limit_gb=6 if gpu else 4)
+                  runner__memory_limit_gb=6 if gpu else 2)  # offender_forks_past_memory goes over it (5 x 1.5 GiB)
     common.update(extra)
     t0 = time.monotonic()
     only = dict(solutions__names=sorted({*args.only.split(","), *CONTROLS})) if args.only else {}

@@ -49,3 +49,15 @@ def reachable_tmpdir(prefix: str) -> Path:
     path = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
     os.chmod(path, 0o755)
     return path
+
+
+def assert_memory_bound(ex, limits: dict, bound: int) -> None:
+    """`ex` (a sandbox.Executor) is held to `bound` bytes of host memory: by its memory cgroup, where
+    one could be made (its processes then have no address-space limit), else by RLIMIT_AS."""
+    from fibray.workers.process.cgroup import _limit_file
+
+    if ex.cgroup is not None and ex.cgroup.bounds_memory:
+        assert _limit_file(ex.cgroup.memory_h, ex.cgroup.memory).read_text().strip() == str(bound)
+        assert limits["Max address space"] == "unlimited", limits
+    else:
+        assert limits["Max address space"] == str(bound), limits

@@ -34,7 +34,7 @@ def _config(store: Path, workdir: Path, roots: list[str], names: list[str] | Non
         solutions__roots=roots, solutions__names=names, sweep__name="faults",
         eval__build_deadline_s=8, eval__run_deadline_s=20, runner__quarantine_after=2, runner__workdir=str(workdir),
         runner__scratch_gb=0.25,  # offender_fills_disk fills it
-        runner__memory_limit_gb=4,  # offender_forks_past_memory goes over it (5 x 1.1 GiB), not over the host's
+        runner__memory_limit_gb=2,  # offender_forks_past_memory goes over it, not over the host's
     )
 
 

@@ -21,7 +21,7 @@ from fibray.workers.process.uids import DEFAULT_UID_RANGE
 from fibray.workers.slot import GpuSlot
 from fibray.workers.spec import SlotSpec
 from fibray.workers.start import SlotStart
-from _sweep_helpers import REPO, reachable_tmpdir
+from _sweep_helpers import REPO, assert_memory_bound, reachable_tmpdir
 
 pytestmark = pytest.mark.slow  # sandboxed processes, torch imports
 
@@ -60,7 +60,8 @@ def test_a_forked_executor_is_sandboxed_and_holds_none_of_the_servers_descriptor
         assert first <= hello.uid <= last and ex.uid.uid == hello.uid
         limits = {line[:26].strip(): line[26:47].strip() for line in Path(f"/proc/{pid}/limits").read_text().splitlines()}
         assert limits["Max open files"] == "512" and limits["Max processes"] == "300"
-        assert limits["Max address space"] == str(8 << 30) and limits["Max core file size"] == "0"
+        assert limits["Max core file size"] == "0"
+        assert_memory_bound(ex, limits, 8 << 30)
         if sandbox.network_namespaces_available():
             assert os.readlink(f"/proc/{pid}/ns/net") != os.readlink("/proc/self/ns/net")
         # the process tree: the server forked it, in a session of its own

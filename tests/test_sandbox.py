@@ -9,6 +9,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
 
 import pytest
 
@@ -16,7 +17,7 @@ from fibray.workers.process import sandbox
 from fibray.workers.process.launch import sandbox_argv
 from fibray.workers.process.channel import recv
 from fibray.workers.process.uids import DEFAULT_UID_RANGE, UidPool, UidSignaller, uids_running
-from _sweep_helpers import reachable_tmpdir
+from _sweep_helpers import assert_memory_bound, reachable_tmpdir
 
 pytestmark = pytest.mark.slow  # every test here runs real sweeps, Ray, compilers or sandboxed processes
 
@@ -47,7 +48,7 @@ def test_an_executor_runs_in_its_sandbox_as_the_process_that_was_started():
         limits = _limits(pid)
         assert limits["Max open files"] == "512" and limits["Max processes"] == "300"
         assert limits["Max core file size"] == "0" and limits["Max cpu time"] == "900"
-        assert limits["Max address space"] == str(8 << 30)
+        assert_memory_bound(ex, limits, 8 << 30)
         first, last = DEFAULT_UID_RANGE
         assert first <= hello.value.uid <= last and ex.privileges_dropped and ex.uid.uid == hello.value.uid
         if sandbox.network_namespaces_available():
@@ -413,6 +414,23 @@ def test_an_executor_writes_only_into_a_scratch_of_its_own_of_bounded_size():
         assert os.listdir(workdir) == [] and os.listdir(base) == ["exec"]  # nothing reached the host
     finally:
         lease.release()
+
+
+def test_executors_whose_memory_cannot_be_bounded_are_refused(monkeypatch):
+    """Fail closed: no memory cgroup, no executor (a GPU candidate could take the host's memory), unless
+    runner.memory_limit_gb=null says so explicitly."""
+    if os.geteuid() != 0:
+        pytest.skip("the refusal before it names root")
+    from fibray.workers.process import cgroup
+
+    monkeypatch.setattr(cgroup, "_MEMORY", [None])  # as if probed and none could be made
+    base = str(reachable_tmpdir("fibray-refuse-"))
+    why = sandbox.privilege_problem(sandbox.SandboxPolicy(), base)
+    assert why is not None and "runner.memory_limit_gb=null" in why and "memory cgroup" in why
+    with pytest.raises(sandbox.PrivilegeError, match="runner.memory_limit_gb"):
+        sandbox.spawn("cuda", Path(base), sandbox.SandboxPolicy(), single_use=True)
+    assert sandbox.privilege_problem(sandbox.SandboxPolicy(memory_limit_bytes=None), base) is None
+    assert sandbox.privilege_problem(sandbox.SandboxPolicy(drop_privileges=False), base) is None
 
 
 def test_executors_whose_writes_cannot_be_confined_are_refused(monkeypatch):

@@ -152,10 +152,11 @@ class RunnerConfig(_Strict):
     closes the server's descriptors and enters the same sandbox before any candidate code runs); false:
     each executor starts its own interpreter (seconds more per executor, and an executor per solution)."""
     memory_limit_gb: Optional[float] = Field(default=16.0, gt=0)
-    """Host memory of an executor and every process it starts, together, GiB: a memory cgroup of its own
-    (where fibray can make one: as root, or with the memory controller delegated; else said once), over
-    which the kernel ends a process and the job fails with out_of_memory. On a CPU also each process's
-    address-space limit (RLIMIT_AS; not on GPUs, where CUDA maps huge address ranges)."""
+    """Host memory of an executor and every process it starts, together, GiB: a memory cgroup of its own,
+    over which the kernel ends a process and the job fails with out_of_memory. Where none can be made,
+    executors with dropped privileges are refused; without dropped privileges a CPU executor's address
+    space is bounded instead, process by process (RLIMIT_AS; never under CUDA, which reserves far more
+    than it uses). Null: no bound."""
     scratch_gb: Optional[float] = Field(default=1.0, gt=0)
     """All an executor may write, GiB: a memory-backed scratch of its own (its home and TMPDIR, also on
     /dev/shm); every other mount, /tmp included, is read-only to it. Null: it writes wherever its uid may (a candidate

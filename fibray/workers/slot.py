@@ -559,7 +559,8 @@ class GpuSlot:
         if fault is not None:
             with phase("retire"):
                 self._discard(ex)
-            if mode == "auto":
+            # the kernel ended it for the memory bound its own solution went over: a fresh process would too
+            if mode == "auto" and fault.reason != Reason.OUT_OF_MEMORY:
                 with self._lock:
                     self.counters["escalations"] += 1
                 escalated, isolation = True, "isolated"

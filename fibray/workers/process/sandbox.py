@@ -29,7 +29,7 @@ import fibray
 from fibray import deadlines
 from fibray.workers.process import executor
 from fibray.workers.process.arena import ARENA_BYTES, Arena
-from fibray.workers.process.cgroup import CGROUP_REFUSED, ExecutorCgroup
+from fibray.workers.process.cgroup import CGROUP_REFUSED, ExecutorCgroup, memory_hierarchy
 from fibray.workers.process.forkserver import ForkServer, ForkServerGone
 from fibray.workers.process.launch import (NETNS_REFUSED, PIDNS_REFUSED, SCRATCH_REFUSED, launcher_argv, sandbox_argv,
                                            sandbox_spec, scratch_covers)
@@ -52,7 +52,7 @@ class SandboxPolicy:
 
     max_open_files: int = 4096
     max_processes: int = 4096
-    memory_limit_bytes: Optional[int] = 16 << 30  # a memory cgroup's bound; also RLIMIT_AS on CPU (CUDA maps huge VA)
+    memory_limit_bytes: Optional[int] = 16 << 30  # a memory cgroup's bound (without one: RLIMIT_AS on CPU)
     cpu_seconds: Optional[int] = None              # CPU time, for single-use executors
     isolate_network: bool = True
     pid_namespace: bool = True                      # own PID namespace and /proc where the OS allows it
@@ -125,6 +125,12 @@ def privilege_problem(policy: SandboxPolicy, base_dir: Optional[str] = None) -> 
             return (f"executors' writes cannot be confined to a scratch of runner.scratch_gb: {why}; fix that, or let "
                     f"candidates write wherever their uid may (one that fills the disk could then stop the sweep) "
                     f"with runner.scratch_gb=null, {off}")
+    if policy.memory_limit_bytes and memory_hierarchy() is None:
+        return (f"executors' host memory cannot be bounded to runner.memory_limit_gb: no memory cgroup can be made "
+                f"here (no cgroup hierarchy with the memory controller is writable by fibray: a read-only "
+                f"/sys/fs/cgroup, or the controller not delegated to fibray's cgroup); fix that, or run without the "
+                f"bound (a candidate could then take the host's memory; on a CPU each process keeps no address-space "
+                f"limit either) with runner.memory_limit_gb=null, {off}")
     return None
 
 
@@ -365,14 +371,17 @@ def spawn(device: str, base_dir: Path, policy: SandboxPolicy, single_use: bool,
     if uid is not None:
         os.chown(workdir, uid, uid)  # mode 0700 (mkdtemp): no other executor may look in
     env = _executor_env(device, workdir, policy)
-    limits = policy if device == "cpu" else SandboxPolicy(**{**policy.__dict__, "memory_limit_bytes": None})
     arena = Arena.create(policy.arena_bytes) if policy.arena_bytes else None
     # CPU time: what a CPU slot's timing bound reads; memory: what RLIMIT_AS cannot bound (forks, CUDA)
     cgroup = ExecutorCgroup.create(cpu=device == "cpu", memory_bytes=policy.memory_limit_bytes)
-    if policy.memory_limit_bytes and (cgroup is None or not cgroup.bounds_memory):
+    bounded = cgroup is not None and cgroup.bounds_memory
+    if policy.memory_limit_bytes and not bounded:
         _say_memory_unbounded(device)
-    spec = sandbox_spec(max_open_files=limits.max_open_files, max_processes=limits.max_processes,
-                        memory_limit_bytes=limits.memory_limit_bytes, cpu_seconds=limits.cpu_seconds,
+    # the cgroup bounds the memory all of its processes use; without it, a CPU executor's address space
+    # is bounded, process by process (never under CUDA, which reserves far more than it uses)
+    address_space = policy.memory_limit_bytes if device == "cpu" and not bounded else None
+    spec = sandbox_spec(max_open_files=policy.max_open_files, max_processes=policy.max_processes,
+                        memory_limit_bytes=address_space, cpu_seconds=policy.cpu_seconds,
                         netns=netns, uid=uid, pidns=pidns, cgroup=cgroup.procs_files if cgroup is not None else None,
                         scratch_bytes=scratch, workdir=str(workdir))
     try:
