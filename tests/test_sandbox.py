@@ -431,6 +431,9 @@ def test_executors_whose_memory_cannot_be_bounded_are_refused(monkeypatch):
         sandbox.spawn("cuda", Path(base), sandbox.SandboxPolicy(), single_use=True)
     assert sandbox.privilege_problem(sandbox.SandboxPolicy(memory_limit_bytes=None), base) is None
     assert sandbox.privilege_problem(sandbox.SandboxPolicy(drop_privileges=False), base) is None
+    from fibray.promote.sanitizer import sandbox_problem
+
+    assert sandbox_problem(sandbox.SandboxPolicy()) is None  # the promotion gates' runs ask for no memory bound
 
 
 def test_executors_whose_writes_cannot_be_confined_are_refused(monkeypatch):

@@ -20,7 +20,7 @@ import tempfile
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -196,7 +196,8 @@ def sandbox_problem(policy: SandboxPolicy) -> str | None:
     """Why the runs cannot be sandboxed as `policy` asks here (the gates are then not_run), else None."""
     from fibray.workers.process.sandbox import privilege_problem
 
-    problem = privilege_problem(policy, tempfile.gettempdir())
+    # these runs are given no memory bound (_run), so none is asked of the host
+    problem = privilege_problem(replace(policy, memory_limit_bytes=None), tempfile.gettempdir())
     return None if problem is None else f"the sandbox cannot be put in force: {problem}"
 
 
