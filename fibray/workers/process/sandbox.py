@@ -282,9 +282,9 @@ class Executor:
         if code is None:
             return None, ""
         if code == -signal.SIGKILL and self.cgroup is not None and self.cgroup.oom_kills():
-            return Reason.OUT_OF_MEMORY, (f"the executor's processes went over their host memory bound of "
-                                          f"{self.cgroup.memory_limit / (1 << 30):g} GiB (runner.memory_limit_gb); "
-                                          f"the kernel ended them")
+            return Reason.OUT_OF_MEMORY, (f"the executor and the processes it started went over their host memory "
+                                          f"bound of {self.cgroup.memory_limit / (1 << 30):g} GiB "
+                                          f"(runner.memory_limit_gb); the kernel ended the executor")
         if code < 0:
             name = signal.Signals(-code).name if -code in signal.Signals._value2member_map_ else str(-code)
             return Reason.KILLED_BY_SIGNAL, f"executor killed by {name}"
