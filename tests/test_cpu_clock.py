@@ -40,7 +40,7 @@ def _account(p: subprocess.Popen) -> ExecutorCgroup:
     """`p` in a cgroup of its own, as an executor is put in one (removed after the test)."""
     cg = ExecutorCgroup.create()
     assert cg is not None
-    Path(cg.procs_file).write_text(str(p.pid))
+    Path(cg.procs_files[0]).write_text(str(p.pid))  # its only one: CPU time
     _CGROUPS.append(cg)
     return cg
 

@@ -322,7 +322,7 @@ def test_what_an_executor_starts_is_counted_in_a_cgroup_it_cannot_leave(h):
         pytest.skip(f"cannot make a cgroup in {h.base} (fibray not root)")
     try:
         argv = sandbox_argv(max_open_files=256, max_processes=256, memory_limit_bytes=None, cpu_seconds=None,
-                            netns=False, uid=DEFAULT_UID_RANGE[0], pidns=False, cgroup=cg.procs_file)
+                            netns=False, uid=DEFAULT_UID_RANGE[0], pidns=False, cgroup=cg.procs_files)
         code = _HIDE_AND_LEAVE.format(parent=str(cg.h.base / "cgroup.procs"))
         out = subprocess.run([*argv, sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
         assert out.returncode == 0 and out.stdout.strip() == "PermissionError", out
@@ -349,7 +349,7 @@ def test_a_cpu_executor_is_in_its_own_cgroup_until_it_is_retired():
 
 def test_an_executor_that_cannot_join_its_cgroup_does_not_start(tmp_path):
     argv = sandbox_argv(max_open_files=256, max_processes=256, memory_limit_bytes=None, cpu_seconds=None,
-                        netns=False, uid=None, pidns=False, cgroup=str(tmp_path / "missing" / "cgroup.procs"))
+                        netns=False, uid=None, pidns=False, cgroup=[str(tmp_path / "missing" / "cgroup.procs")])
     out = subprocess.run([*argv, sys.executable, "-c", "print('ran')"], capture_output=True, text=True, timeout=60)
     from fibray.workers.process.cgroup import CGROUP_REFUSED
 

@@ -146,14 +146,13 @@ def test_gpu_work_left_running_found_entering_a_window_is_the_jobs_verdict(tmp_p
                 yield
 
     ev = Evaluator(tmp_path)
-    ds = load_dataset(REPO / "datasets" / "core", definitions=["rmsnorm_h4096"], solution_roots=[REPO / "solutions"],
-                      solutions=["rmsnorm_h4096_torch"], workload_set="cpu_small")
-    job = _job(ds.solutions["rmsnorm_h4096_torch"])
+    job = _job(_honest())
     try:
         result = run_job(job, ev.judge, ev.runner, Phases(), gpu=Gpu())
     finally:
         ev.runner.finish(job)
     assert (result.status.value, result.reason) == ("RUNTIME_ERROR", "work_left_running"), result.log[-300:]
+
 
 def _job(sol: Solution) -> Job:
     ds = load_dataset(REPO / "datasets" / "core", definitions=["rmsnorm_h4096"], solution_roots=[REPO / "solutions"],

@@ -129,9 +129,7 @@ class RemoteCalls:
         cg = self.ex.cgroup
         if cg is not None and cg.oom_kills() > self.oom_kills:
             return CandidateFailure(status="RUNTIME_ERROR", reason=Reason.OUT_OF_MEMORY,
-                                    log=f"the executor and the processes it started went over their host memory bound "
-                                        f"of {cg.memory_limit / (1 << 30):g} GiB (runner.memory_limit_gb) during the call; "
-                                        f"the kernel ended one of them")
+                                    log=f"{sandbox.over_memory_bound(cg)} during the call; the kernel ended one of them")
         now = threads_of(self.executor_pid)
         if now > self.threads:
             return CandidateFailure(status="RUNTIME_ERROR", reason=Reason.WORK_LEFT_RUNNING,

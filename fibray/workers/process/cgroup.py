@@ -23,7 +23,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 CGROUP_REFUSED = 123
 """Exit status of an executor that was to join its cgroup and could not: no executor rather than an unaccounted one."""
@@ -96,10 +96,7 @@ def _remove_stale(h: Hierarchy) -> None:
     for path in h.base.glob("fibray-*"):
         owner = path.name.split("-")[-2]
         if owner.isdigit() and not Path(f"/proc/{owner}").exists():
-            try:
-                path.rmdir()
-            except OSError:
-                pass
+            _rmdir(path)
 
 
 _HIERARCHY: list[Optional[Hierarchy]] = []
@@ -124,7 +121,7 @@ def _bound_memory(h: Hierarchy, path: Path, limit: int) -> None:
             pass  # the host accounts no swap: memory alone is bounded
 
 
-def oom_kills(h: Hierarchy, path: Path) -> int:
+def _oom_kills(h: Hierarchy, path: Path) -> int:
     """How many processes the kernel has ended in cgroup `path` for going over its memory limit."""
     name = "memory.events" if h.v2 else "memory.oom_control"
     try:
@@ -140,48 +137,32 @@ def oom_kills(h: Hierarchy, path: Path) -> int:
 def hierarchy() -> Optional[Hierarchy]:
     """The first hierarchy where this process can make a cgroup and read its CPU usage (None: none;
     for example not root and no delegated subtree). Probed once a process."""
-    with _PROBING:
-        if not _HIERARCHY:
-            _HIERARCHY.append(_probe())
-    return _HIERARCHY[0]
+    return _once(_HIERARCHY, lambda: _first_usable(hierarchies(), f"fibray-probe-{os.getpid()}", _usage_s))
 
 
 def memory_hierarchy() -> Optional[Hierarchy]:
-    """The first hierarchy where this process can make a cgroup and bound its memory (None: none).
-    Probed once a process."""
+    """The first hierarchy where this process can make a cgroup and bound its memory (None: none;
+    on v2, for example, the memory controller not delegated here). Probed once a process."""
+    return _once(_MEMORY, lambda: _first_usable(hierarchies("memory"), f"fibray-probe-{os.getpid()}-memory",
+                                                lambda h, probe: _bound_memory(h, probe, 1 << 40)))
+
+
+def _once(cache: list[Optional[Hierarchy]], probe: Callable[[], Optional[Hierarchy]]) -> Optional[Hierarchy]:
     with _PROBING:
-        if not _MEMORY:
-            _MEMORY.append(_probe_memory())
-    return _MEMORY[0]
+        if not cache:
+            cache.append(probe())
+    return cache[0]
 
 
-def _probe_memory() -> Optional[Hierarchy]:
-    for h in hierarchies("memory"):
-        probe = h.base / f"fibray-probe-{os.getpid()}-memory"
-        try:
-            probe.mkdir()
-        except OSError:
+def _first_usable(found: list[Hierarchy], name: str, check: Callable[[Hierarchy, Path], object]) -> Optional[Hierarchy]:
+    """The first of `found` where a cgroup `name` can be made and `check(h, path)` passes on it (the
+    probe is removed again); that hierarchy's stale cgroups are removed."""
+    for h in found:
+        probe = h.base / name
+        if not _mkdir(probe):
             continue
         try:
-            _bound_memory(h, probe, 1 << 40)
-        except OSError:
-            continue  # v2 without the memory controller delegated here
-        finally:
-            _rmdir(probe)
-        _remove_stale(h)
-        return h
-    return None
-
-
-def _probe() -> Optional[Hierarchy]:
-    for h in hierarchies():
-        probe = h.base / f"fibray-probe-{os.getpid()}"
-        try:
-            probe.mkdir()
-        except OSError:
-            continue
-        try:
-            _usage_s(h, probe)
+            check(h, probe)
         except (OSError, ValueError):
             continue
         finally:
@@ -243,13 +224,6 @@ class ExecutorCgroup:
         """What an executor writes "0" to, to join each of its cgroups (launch.apply)."""
         return [str(p / "cgroup.procs") for p in self._dirs()]
 
-    @property
-    def procs_file(self) -> str:
-        """The cgroup.procs of its CPU-accounting cgroup."""
-        if self.path is None:
-            raise ValueError("this executor's cgroups count no CPU time")
-        return str(self.path / "cgroup.procs")
-
     def usage_s(self) -> float:
         """CPU seconds of every process that was ever in it (exited ones included)."""
         if self.path is None or self.h is None:
@@ -258,7 +232,7 @@ class ExecutorCgroup:
 
     def oom_kills(self) -> int:
         """Processes the kernel has ended in it for going over its memory bound (0 where unbounded)."""
-        return oom_kills(self.memory_h, self.memory) if self.memory is not None and self.memory_h is not None else 0
+        return _oom_kills(self.memory_h, self.memory) if self.memory is not None and self.memory_h is not None else 0
 
     def pids(self) -> list[int]:
         found: dict[int, None] = {}

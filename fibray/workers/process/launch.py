@@ -48,17 +48,16 @@ there too. Not /tmp: the host may keep the interpreter, its packages or fibray t
 
 def sandbox_spec(*, max_open_files: int, max_processes: int, memory_limit_bytes: int | None,
                  cpu_seconds: int | None, netns: bool, uid: int | None, pidns: bool = False,
-                 cgroup: str | list[str] | None = None, scratch_bytes: int | None = None, workdir: str | None = None,
+                 cgroup: list[str] | None = None, scratch_bytes: int | None = None, workdir: str | None = None,
                  max_file_bytes: int | None = None) -> dict:
     """What `apply` puts in force (a JSON object); `parent` is the process that starts the launcher
     (a fork server replaces it with its own pid: it is the forked executor's parent); `cgroup`: the
-    cgroup.procs file(s) of the executor's cgroups (fibray.workers.process.cgroup: CPU time, memory);
+    cgroup.procs files of the executor's cgroups (fibray.workers.process.cgroup: CPU time, memory);
     `scratch_bytes` (with `pidns`, whose mount namespace it needs): the executor may write only into
     a tmpfs of that size over `workdir`, also mounted on WRITABLE; every other mount is read-only;
     `max_file_bytes`: no file it writes may grow past that (RLIMIT_FSIZE)."""
     return {"nofile": max_open_files, "nproc": max_processes, "as": memory_limit_bytes, "cpu": cpu_seconds,
-            "netns": netns, "uid": uid, "pidns": pidns, "cgroup": [cgroup] if isinstance(cgroup, str) else cgroup,
-            "parent": os.getpid(),
+            "netns": netns, "uid": uid, "pidns": pidns, "cgroup": cgroup, "parent": os.getpid(),
             "scratch": scratch_bytes, "workdir": workdir, "fsize": max_file_bytes}
 
 

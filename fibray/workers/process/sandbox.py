@@ -282,9 +282,7 @@ class Executor:
         if code is None:
             return None, ""
         if code == -signal.SIGKILL and self.cgroup is not None and self.cgroup.oom_kills():
-            return Reason.OUT_OF_MEMORY, (f"the executor and the processes it started went over their host memory "
-                                          f"bound of {self.cgroup.memory_limit / (1 << 30):g} GiB "
-                                          f"(runner.memory_limit_gb); the kernel ended the executor")
+            return Reason.OUT_OF_MEMORY, f"{over_memory_bound(self.cgroup)}; the kernel ended the executor"
         if code < 0:
             name = signal.Signals(-code).name if -code in signal.Signals._value2member_map_ else str(-code)
             return Reason.KILLED_BY_SIGNAL, f"executor killed by {name}"
@@ -297,6 +295,12 @@ class Executor:
         if code == CGROUP_REFUSED and self.cgroup is not None:
             return Reason.SANDBOX_FAILED, f"the executor could not join its cgroups {self.cgroup.procs_files}"
         return Reason.CRASHED, f"executor exited with status {code}"
+
+
+def over_memory_bound(cgroup: ExecutorCgroup) -> str:
+    """What an OOM kill in an executor's memory cgroup means, for its verdict's log."""
+    return (f"the executor and the processes it started went over their host memory bound of "
+            f"{cgroup.memory_limit / (1 << 30):g} GiB (runner.memory_limit_gb)")
 
 
 def _drain(ex: Executor) -> None:
