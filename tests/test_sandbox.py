@@ -433,7 +433,8 @@ def test_executors_whose_memory_cannot_be_bounded_are_refused(monkeypatch):
     assert sandbox.privilege_problem(sandbox.SandboxPolicy(drop_privileges=False), base) is None
     from fibray.promote.sanitizer import sandbox_problem
 
-    assert sandbox_problem(sandbox.SandboxPolicy()) is None  # the promotion gates' runs ask for no memory bound
+    assert "runner.memory_limit_gb" in sandbox_problem(sandbox.SandboxPolicy())  # the promotion gates' runs too
+    assert sandbox_problem(sandbox.SandboxPolicy(memory_limit_bytes=None)) is None
 
 
 def test_executors_whose_writes_cannot_be_confined_are_refused(monkeypatch):

@@ -79,6 +79,30 @@ def test_a_hung_candidate_is_killed_with_its_process_group_at_its_deadline(tmp_p
         assert not Path(f"/proc/{pid}").exists() or Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z"
 
 
+@pytest.mark.slow
+def test_a_run_and_what_it_starts_stay_under_its_memory_bound_together(tmp_path: Path) -> None:
+    """A candidate whose forked children take more host memory than the gate's bound: the kernel ends
+    one, and the run says so (unbounded, the same candidate runs clean)."""
+    from fibray.promote.smem_poison import Verdict, check_of
+    from fibray.workers.process.cgroup import memory_hierarchy
+    from fibray.workers.process.sandbox import SandboxPolicy
+
+    if memory_hierarchy() is None:
+        pytest.skip("no memory cgroup can be made here (fibray not root, or no memory controller)")
+    body = ("import os\npids = []\nfor _ in range(2):\n    pid = os.fork()\n    if pid == 0:\n"
+            "        held = [b'\\x01' * (1 << 27) for _ in range(8)]\n        time.sleep(1.0)\n        os._exit(0)\n"
+            "    pids.append(pid)\nfor pid in pids:\n    os.waitpid(pid, 0)\nreturn x * w")
+    tmp_path.chmod(0o755)
+    bounded = run_tool([], "memcheck", job(body, tmp_path), deadline_s=120,
+                       policy=SandboxPolicy(memory_limit_bytes=3 << 29))  # 1.5 GiB; the children want 2
+    assert bounded.outcome == "out_of_memory", (bounded.outcome, bounded.tail)
+    assert "host memory bound of 1.5 GiB" in bounded.tail
+    check = check_of(bounded, 120)
+    assert check.verdict is Verdict.ERROR and "memory bound" in check.detail
+    free = run_tool([], "memcheck", job(body, tmp_path), deadline_s=120, policy=SandboxPolicy(memory_limit_bytes=None))
+    assert free.outcome == "clean", free.tail
+
+
 def test_each_tool_gets_its_own_sanitizer_command_with_an_error_exit_code() -> None:
     cmd = sanitizer_command("/cs", "racecheck")
     assert cmd[:5] == ["/cs", "--tool", "racecheck", "--error-exitcode", "86"]

@@ -120,6 +120,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--no-drop-privileges", action="store_true",
                    help="run sanitizer and smem_poison runs with fibray's own privileges (default: uids of their "
                         "own, as root)")
+    p.add_argument("--memory-limit-gb", type=float, default=16.0,
+                   help="host memory bound of each sanitizer and smem_poison run, in GiB, through a memory cgroup "
+                        "(0: none; as root without a memory cgroup, the runs are refused unless 0)")
     p.add_argument("--revalidate", action="store_true", help="also gate validated or serving artifacts")
     p.add_argument("--tag", default="", help="gate sweeps are <sweep>.hidden.TAG, <sweep>.rebench.TAG (a new tag "
                                              "measures again; the same name reuses its rows)")
@@ -169,7 +172,7 @@ def main(argv: Optional[list[str]] = None) -> int:
                 gates=_gates(args.gates, "--gates"), num_gpus=args.num_gpus, max_workloads=args.max_workloads,
                 ci_k=args.ci_k, ci_floor=args.ci_floor, sanitizer_deadline_s=args.sanitizer_deadline_s,
                 sanitizer_parallel=args.sanitizer_parallel, revalidate=args.revalidate, tag=args.tag,
-                drop_privileges=not args.no_drop_privileges,
+                drop_privileges=not args.no_drop_privileges, memory_limit_gb=args.memory_limit_gb or None,
                 actor=actor))
         if args.approve:
             row = approve(plog, args.approve, waive=_gates(args.waive, "--waive"), note=args.note, actor=actor,

@@ -79,6 +79,10 @@ class PromoteOptions(BaseModel):
     drop_privileges: bool = True
     """Sanitizer and smem_poison runs as uids of their own (fibray as root); False runs them with fibray's
     own privileges."""
+    memory_limit_gb: float | None = Field(default=16.0, gt=0)
+    """Host memory bound of each sanitizer and smem_poison run and all it starts (a memory cgroup, as the
+    sweep's runner.memory_limit_gb); None runs them unbounded (refused when privileges are dropped and
+    no memory cgroup can be made, unless None)."""
     revalidate: bool = False
     """Also gate artifacts that are validated or serving (takes them back to candidate)."""
     tag: str = Field(default="", pattern=r"^[A-Za-z0-9_.-]{0,32}$")
@@ -333,7 +337,8 @@ def run_gates(opts: PromoteOptions, echo: Callable[[str], None] = print) -> list
     if sanitizers or Gate.SMEM_POISON in opts.gates:
         exe, why_not = unavailable() if sanitizers else (None, None)
         seed = settings_of(cands).seed
-        policy = SandboxPolicy(drop_privileges=opts.drop_privileges)
+        bound = int(opts.memory_limit_gb * (1 << 30)) if opts.memory_limit_gb else None
+        policy = SandboxPolicy(drop_privileges=opts.drop_privileges, memory_limit_bytes=bound)
         for c in live():
             jobs = sanitizer_jobs(opts, ds, c, seed)
             if sanitizers:

@@ -14,19 +14,23 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fibray.promote.sanitize_runner import RUNNER_FAILED, SanitizeJob
 from fibray.store.promotions import SANITIZER_GATES, Gate, Outcome
 from fibray.workers.process.sandbox import SandboxPolicy
+
+if TYPE_CHECKING:
+    from fibray.workers.process.cgroup import ExecutorCgroup
 
 SANITIZER_ENV = "FIBRAY_COMPUTE_SANITIZER"
 """Path of the compute-sanitizer executable, when it is not on PATH or under CUDA_HOME/bin."""
@@ -50,7 +54,8 @@ class ToolRun:
     tool: str
     workload: str
     outcome: str
-    """clean, flagged (the tool reported errors), runner_failed (the candidate raised), timeout, error."""
+    """clean, flagged (the tool reported errors), runner_failed (the candidate raised), timeout,
+    out_of_memory (the kernel ended a process of the run at its memory bound), error."""
     returncode: int | None
     errors: int | None
     """Errors the tool's summary line counted."""
@@ -118,7 +123,8 @@ def _errors(text: str) -> int | None:
 def _run(argv: list[str], *, tool: str, workload: str, deadline_s: float, workdir: Path,
          policy: SandboxPolicy | None = None, build_cache: str | None = None) -> ToolRun:
     """Run argv in its own session (with a policy: through the executor launcher, as a leased uid of
-    its own when the policy drops privileges); kill its group, and its uid's processes, at the end."""
+    its own when the policy drops privileges, in a memory cgroup of its own when it bounds memory);
+    kill its group, its uid's and its cgroup's processes at the end."""
     from fibray.workers.process.launch import sandbox_argv
     from fibray.workers.process.sandbox import kill_tree, network_namespaces_available, scrubbed_env, uid_pool
 
@@ -126,7 +132,7 @@ def _run(argv: list[str], *, tool: str, workload: str, deadline_s: float, workdi
                         "PYTHONDONTWRITEBYTECODE": "1", "TRITON_CACHE_DIR": str(workdir / "triton")})
     if build_cache:  # compiled CUDA/C++ artifacts, shared by the runs of one gate (compiled once)
         env["FIBRAY_BUILD_CACHE"] = build_cache
-    lease = None
+    lease = cgroup = None
     if policy is not None:
         # one cudaMalloc per tensor: inside torch's caching pool a write past a tensor's end lands in
         # memory the pool owns, where memcheck cannot see it, and reused blocks look initialised
@@ -135,10 +141,12 @@ def _run(argv: list[str], *, tool: str, workload: str, deadline_s: float, workdi
         if lease is not None:
             for p in (workdir, *workdir.iterdir()):
                 os.chown(p, lease.uid, lease.uid)
+        cgroup = _memory_cgroup(policy)  # the run and all it starts: policy.memory_limit_bytes of host memory
         argv = [*sandbox_argv(max_open_files=policy.max_open_files, max_processes=policy.max_processes,
                               memory_limit_bytes=None, cpu_seconds=None,
                               netns=policy.isolate_network and network_namespaces_available(),
-                              uid=lease.uid if lease else None), *argv]
+                              uid=lease.uid if lease else None,
+                              cgroup=cgroup.procs_files if cgroup is not None else None), *argv]
     t0 = time.monotonic()
     try:
         proc = subprocess.Popen(argv, cwd=workdir, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
@@ -155,9 +163,14 @@ def _run(argv: list[str], *, tool: str, workload: str, deadline_s: float, workdi
     finally:
         if lease is not None:
             lease.release()  # kills anything still running as its uid
+        oom_kills = _end(cgroup) if cgroup is not None else 0
     text = out.decode(errors="replace")
     rc = proc.returncode
-    if timed_out:
+    if oom_kills:
+        outcome = "out_of_memory"
+        text += (f"\n[fibray] the run and the processes it started went over their host memory bound of "
+                 f"{cgroup.memory_limit / (1 << 30):g} GiB (--memory-limit-gb): the kernel ended {oom_kills} of them\n")
+    elif timed_out:
         outcome = "timeout"
     elif rc == 0:
         outcome = "clean"
@@ -169,6 +182,37 @@ def _run(argv: list[str], *, tool: str, workload: str, deadline_s: float, workdi
         outcome = "error"
     return ToolRun(tool, workload, outcome, None if timed_out else rc, _errors(text), round(time.monotonic() - t0, 2),
                    text[-TAIL_CHARS:])
+
+
+def _memory_cgroup(policy: SandboxPolicy) -> ExecutorCgroup | None:
+    """The run's memory cgroup, bounded as `policy` asks (None: no bound asked, or none possible and
+    none required: fibray's own privileges, as an executor's). Fails closed like the sweep's executors."""
+    from fibray.workers.process.cgroup import ExecutorCgroup
+
+    if not policy.memory_limit_bytes:
+        return None
+    cgroup = ExecutorCgroup.create(cpu=False, memory_bytes=policy.memory_limit_bytes)
+    if cgroup is None and policy.drop_privileges:
+        raise RuntimeError(f"a gate run's host memory cannot be bounded to {policy.memory_limit_bytes / (1 << 30):g} "
+                           f"GiB: no memory cgroup could be made (give --memory-limit-gb 0 to run without the bound)")
+    return cgroup
+
+
+def _end(cgroup: ExecutorCgroup) -> int:
+    """Kill what is left in the run's cgroup (a process that left its session and uid behind), remove
+    the cgroup, and say how many processes the kernel ended in it for going over its bound."""
+    for _ in range(50):  # a process may fork while we kill
+        if not (pids := cgroup.pids()):
+            break
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        time.sleep(0.02)
+    kills = cgroup.oom_kills()
+    cgroup.remove()
+    return kills
 
 
 def run_tool(prefix: list[str], tool: str, job: SanitizeJob, deadline_s: float, base: Path | None = None,
@@ -196,8 +240,7 @@ def sandbox_problem(policy: SandboxPolicy) -> str | None:
     """Why the runs cannot be sandboxed as `policy` asks here (the gates are then not_run), else None."""
     from fibray.workers.process.sandbox import privilege_problem
 
-    # these runs are given no memory bound (_run), so none is asked of the host
-    problem = privilege_problem(replace(policy, memory_limit_bytes=None), tempfile.gettempdir())
+    problem = privilege_problem(policy, tempfile.gettempdir())
     return None if problem is None else f"the sandbox cannot be put in force: {problem}"
 
 
@@ -255,6 +298,7 @@ def sanitizer_gates(jobs: list[SanitizeJob], *, deadline_s: float = DEADLINE_S, 
             first = bad[0]
             what = {"flagged": f"{first.errors if first.errors is not None else 'some'} error(s) reported",
                     "timeout": f"no answer within {deadline_s:.0f}s", "runner_failed": "the candidate raised",
+                    "out_of_memory": f"went over its host memory bound of {policy.memory_limit_bytes / (1 << 30):g} GiB",
                     "error": f"exited with status {first.returncode}"}[first.outcome]
             results[gate] = GateResult(gate, Outcome.FAILED,
                                        f"{gate.value}: {len(bad)}/{len(mine)} workload(s) not clean; {first.workload}: {what}",

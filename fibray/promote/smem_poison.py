@@ -402,6 +402,8 @@ def check_of(run: ToolRun, deadline_s: float) -> Check:
         return Check(Verdict.TIMEOUT, f"no answer within {deadline_s:.0f}s")
     if run.outcome == "runner_failed":
         return Check(Verdict.RUNNER_FAILED, _last_line(run.tail))
+    if run.outcome == "out_of_memory":
+        return Check(Verdict.ERROR, _last_line(run.tail))
     if run.returncode == RUNNER_UNAVAILABLE:
         return Check(Verdict.NOT_COMPARED, "the poison could not be applied: " + _last_line(run.tail))
     return Check(Verdict.ERROR, f"exited with status {run.returncode}: " + _last_line(run.tail))
