@@ -131,6 +131,21 @@ def _evaluate(src: str, dps: bool = True, **settings):
     return Evaluator(Path(tempfile.mkdtemp())).evaluate(job)
 
 
+_UNFORMATTABLE = (
+    "class _Hidden(type):\n"
+    "    def __getattribute__(cls, name):\n"
+    "        if name in ('__name__', '__qualname__', '__module__'):\n"
+    "            raise RuntimeError('no name')\n"
+    "        return super().__getattribute__(name)\n"
+    "class Unformattable(Exception, metaclass=_Hidden):\n"
+    "    def __str__(self):\n"
+    "        raise Unformattable()\n"
+    "    def __repr__(self):\n"
+    "        raise RuntimeError('no repr')\n"
+)
+"""An exception whose message, repr, name and module all raise when read."""
+
+
 @pytest.mark.parametrize("src, dps, status, reason", [
     ("def run(x, k, y):\n    y.copy_(x * k)\n", True, "PASSED", None),
     ("def run(x, k):\n    return x * k\n", False, "PASSED", None),
@@ -146,10 +161,22 @@ def _evaluate(src: str, dps: bool = True, **settings):
     ("def run(x, k, y):\n    raise KeyboardInterrupt\n", True, "RUNTIME_ERROR", "keyboard_interrupt"),
     ("import nonexistent_module_xyz\ndef run(x, k, y):\n    pass\n", True, "COMPILE_ERROR", "import_error"),
     ("def helper(x):\n    return x\n", True, "COMPILE_ERROR", "missing_entry_symbol"),
+    (_UNFORMATTABLE + "def run(x, k, y):\n    raise Unformattable()\n", True, "RUNTIME_ERROR", "exception"),
+    (_UNFORMATTABLE + "raise Unformattable()\n", True, "COMPILE_ERROR", "import_error"),
 ])
 def test_candidate_behaviours_map_to_status_and_reason(src, dps, status, reason):
     ev = _evaluate(src, dps)
     assert (ev.status.value, ev.reason) == (status, reason), ev.log[-800:]
+
+
+def test_an_exception_that_cannot_be_formatted_still_shows_where_it_was_raised():
+    from fibray.compile import format_raised
+
+    ev = _evaluate(_UNFORMATTABLE + "def run(x, k, y):\n    raise Unformattable()\n")
+    assert "message not shown" in ev.log and 'main.py", line 13, in run' in ev.log, ev.log[-800:]
+    a, b = ValueError("a"), ValueError("b")
+    a.__cause__, b.__cause__ = b, a  # a cycle of causes formats, each once
+    assert format_raised(a).count("ValueError: a") == 1
 
 
 def test_passed_evaluation_carries_latency_statistics():

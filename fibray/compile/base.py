@@ -7,6 +7,7 @@ evaluator records as COMPILE_ERROR; builds are cached by the solution's content 
 from __future__ import annotations
 
 import threading
+import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Protocol
@@ -21,6 +22,37 @@ class BuildError(Exception):
     def __init__(self, message: str, reason: str = Reason.BUILD_FAILED) -> None:
         super().__init__(message)
         self.reason = reason
+
+
+_TYPE_NAME = type.__dict__["__qualname__"]
+_TRACEBACK = BaseException.__dict__["__traceback__"]
+
+
+def raised_type(e: BaseException) -> str:
+    """The qualified name of e's class, read past anything its class (or metaclass) overrides."""
+    try:
+        return _TYPE_NAME.__get__(type(e))
+    except BaseException:  # noqa: BLE001 - never fails for a real class; for anything else, say so
+        return "<exception of an unnamed class>"
+
+
+def format_raised(e: BaseException) -> str:
+    """The traceback of an exception that candidate code raised, as text. Never raises, whatever the
+    exception's own methods do (a __str__ or __repr__ that raises, a metaclass that hides its name or
+    module, a property in place of __traceback__): then the frames, the class and why the message is
+    missing."""
+    try:
+        text = "".join(traceback.format_exception(e))
+        if type(text) is str:
+            return text
+        failed = "its traceback did not format as text"
+    except BaseException as why:  # noqa: BLE001 - a candidate's exception can raise anything when formatted
+        failed = f"formatting it raised {raised_type(why)}"
+    try:
+        frames = "".join(traceback.format_tb(_TRACEBACK.__get__(e)))
+    except BaseException:  # noqa: BLE001
+        frames = "  <its frames could not be formatted>\n"
+    return f"Traceback (most recent call last):\n{frames}{raised_type(e)}: <message not shown: {failed}>\n"
 
 
 @dataclass

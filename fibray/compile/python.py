@@ -9,10 +9,9 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import sys
-import traceback
 from pathlib import Path
 
-from fibray.compile.base import BuildError, Runnable, register_builder
+from fibray.compile.base import BuildError, Runnable, format_raised, register_builder
 from fibray.schema import Solution
 from fibray.schema.reasons import Reason
 
@@ -52,7 +51,7 @@ def import_entry(solution: Solution, src: Path) -> object:
     except BaseException as e:  # a candidate may raise anything at import, SystemExit included
         sys.modules.pop(pkg, None)
         kind = Reason.SYNTAX_ERROR if isinstance(e, SyntaxError) else Reason.IMPORT_ERROR
-        raise BuildError("".join(traceback.format_exception(e)), kind) from None
+        raise BuildError(format_raised(e), kind) from None
     finally:
         sys.path.remove(str(src))
         for name in set(sys.modules) - before:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import errno
 import secrets
-import traceback
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
@@ -20,7 +19,7 @@ from typing import Any, Optional
 import torch
 from pydantic import BaseModel, ConfigDict
 
-from fibray.compile import BuildCache, BuildError, DeviceRequired, Runnable, bind
+from fibray.compile import BuildCache, BuildError, DeviceRequired, Runnable, bind, format_raised, raised_type
 from fibray.check import collect_draws, draw_plan
 from fibray.evaluate.inputs import allocate_outputs, materialize, torch_dtype
 from fibray.evaluate.memory import Layout, Region, apply_bump, args_of, bump_groups, outputs_of
@@ -113,7 +112,23 @@ _FULL = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
 
 
 def classify_exception(e: BaseException) -> tuple[str, str]:
-    """(status, reason) for an exception a candidate raised."""
+    """(status, reason) for an exception a candidate raised; an exception that cannot even be looked
+    at (its attributes or message raise) is a plain RUNTIME_ERROR exception."""
+    try:
+        return _classify(e)
+    except BaseException:  # noqa: BLE001 - a candidate's exception can raise anything when looked at
+        return "RUNTIME_ERROR", Reason.EXCEPTION
+
+
+def _text(e: BaseException) -> str:
+    try:
+        text = str(e)
+        return text if type(text) is str else ""
+    except BaseException:  # noqa: BLE001
+        return ""
+
+
+def _classify(e: BaseException) -> tuple[str, str]:
     if _isinstance(e, SystemExit):
         return "RUNTIME_ERROR", Reason.SYSTEM_EXIT
     if _isinstance(e, KeyboardInterrupt):
@@ -128,8 +143,8 @@ def classify_exception(e: BaseException) -> tuple[str, str]:
         cur = cur.__cause__ or cur.__context__
     if any(_isinstance(x, OSError) and getattr(x, "errno", None) in _FULL for x in chain):
         return "RUNTIME_ERROR", Reason.SCRATCH_FULL
-    names = {type(x).__name__ for x in chain}
-    text = " ".join(str(x) for x in chain).lower()
+    names = {raised_type(x).rpartition(".")[2] for x in chain}
+    text = " ".join(_text(x) for x in chain).lower()
     if "CompilationError" in names or _raised_in_triton_frontend(chain):
         return "COMPILE_ERROR", Reason.TRITON_COMPILE_ERROR
     if "out of memory" in text or "can't allocate memory" in text or "cannot allocate memory" in text:
@@ -180,8 +195,6 @@ class WrongOutputs(Exception):
     """A value-returning candidate returned the wrong number or kind of outputs."""
 
 
-def _format_exc(e: BaseException) -> str:
-    return "".join(traceback.format_exception(e))
 
 
 
@@ -265,7 +278,7 @@ class CandidateRunner:
             return _failure("INCORRECT_SHAPE", Reason.WRONG_OUTPUT_COUNT, str(e))
         except BaseException as e:  # the candidate may raise anything, SystemExit included
             status, reason = classify_exception(e)
-            return _failure(status, reason, _format_exc(e))
+            return _failure(status, reason, format_raised(e))
         return TrialOutput()
 
     def _private_call(self, runnable: Runnable, job: Job, args: list[Any], axes: dict[str, int]) -> _Drawn:
@@ -284,7 +297,7 @@ class CandidateRunner:
             return _Drawn([], CandidateFailure(status="INCORRECT_SHAPE", reason=Reason.WRONG_OUTPUT_COUNT, log=str(e)))
         except BaseException as e:
             status, reason = classify_exception(e)
-            return _Drawn([], CandidateFailure(status=status, reason=reason, log=_format_exc(e)))
+            return _Drawn([], CandidateFailure(status=status, reason=reason, log=format_raised(e)))
 
     def warm(self, job: Job) -> Optional[CandidateFailure]:
         """One call, judged by nobody, on inputs this side draws (a seed of its own, never the job's), so

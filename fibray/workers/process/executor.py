@@ -45,7 +45,7 @@ def main(argv: list[str] | None = None) -> None:
 
     import torch
 
-    from fibray.compile import prepare_triton
+    from fibray.compile import format_raised, prepare_triton
 
     prepare_triton(args.device)
     from fibray.evaluate.candidate import CandidateRunner, classify_exception
@@ -128,10 +128,8 @@ def main(argv: list[str] | None = None) -> None:
             else:
                 reply = Reply(False, error=f"unknown request {req.op!r}")
         except BaseException as e:  # candidate code can raise anything through our calls
-            import traceback
-
             status, reason = classify_exception(e)
-            reply = Reply(False, error="".join(traceback.format_exception(e)), status=status, reason=reason)
+            reply = Reply(False, error=format_raised(e), status=status, reason=reason)
         if staged is not None:
             try:
                 staged.push()
