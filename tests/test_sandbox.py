@@ -3,6 +3,8 @@ that it is the very process the supervisor started (the launcher execs it, same 
 
 from __future__ import annotations
 
+import ctypes
+import errno
 import os
 import signal
 import subprocess
@@ -249,6 +251,35 @@ def test_an_executor_sees_and_signals_no_process_outside_its_own():
     finally:
         victim.kill()
         victim.wait()
+
+
+_SYSV_SEGMENT = r"""
+import ctypes, sys
+libc = ctypes.CDLL(None, use_errno=True)
+key, flags = int(sys.argv[1]), int(sys.argv[2])
+shm = libc.shmget(key, 4096, flags)
+print(shm, ctypes.get_errno())
+"""
+
+
+def test_an_executor_shares_no_sysv_ipc_with_other_processes():
+    """SysV segments (and semaphores, message queues) are open to any uid that knows the key and
+    outlive their maker: without an IPC namespace of its own, a candidate leaves a mark for the next."""
+    if not sandbox.pid_namespaces_available():
+        pytest.skip("this OS refuses PID namespaces")
+    key = 0x0F1B0000 + os.getpid() % 0xFFFF
+    host = subprocess.run([sys.executable, "-c", _SYSV_SEGMENT, str(key), str(0o1000 | 0o666)],  # IPC_CREAT
+                          capture_output=True, text=True, timeout=60)
+    shm = int(host.stdout.split()[0])
+    assert shm >= 0, host
+    try:
+        argv = sandbox_argv(max_open_files=256, max_processes=256, memory_limit_bytes=None, cpu_seconds=None,
+                            netns=False, uid=DEFAULT_UID_RANGE[0], pidns=True)
+        out = subprocess.run([*argv, sys.executable, "-c", _SYSV_SEGMENT, str(key), "0"], capture_output=True,
+                             text=True, timeout=60)
+        assert out.stdout.split() == ["-1", str(errno.ENOENT)], out  # the host's segment is not there
+    finally:
+        ctypes.CDLL(None).shmctl(shm, 0, None)  # IPC_RMID
 
 
 def test_what_an_executor_leaves_behind_dies_with_it():

@@ -29,6 +29,7 @@ import time
 _CLONE_NEWNET = 0x40000000
 _CLONE_NEWNS = 0x00020000
 _CLONE_NEWPID = 0x20000000
+_CLONE_NEWIPC = 0x08000000
 _MS_NOSUID, _MS_NODEV, _MS_NOEXEC, _MS_BIND, _MS_REC, _MS_PRIVATE = 0x2, 0x4, 0x8, 0x1000, 0x4000, 0x40000
 _SYS_MOUNT_SETATTR, _AT_FDCWD, _AT_RECURSIVE, _MOUNT_ATTR_RDONLY = 442, -100, 0x8000, 0x1
 _PR_SET_PDEATHSIG = 1
@@ -96,8 +97,10 @@ def _relay(child: int, parent: int, alive_fd: int) -> None:
 
 def _enter_pid_namespace(libc, parent: int) -> int:
     """Fork into a new PID namespace; returns in the child (pid 1 there, with a /proc of its own)
-    a descriptor that reads end-of-file once the relay has ended."""
-    if libc.unshare(_CLONE_NEWPID | _CLONE_NEWNS) != 0:
+    a descriptor that reads end-of-file once the relay has ended. Its IPC namespace is its own too:
+    SysV shared memory, semaphores and message queues, and POSIX message queues, open to any uid
+    and outliving their maker, would otherwise be a channel between candidates."""
+    if libc.unshare(_CLONE_NEWPID | _CLONE_NEWNS | _CLONE_NEWIPC) != 0:
         os._exit(PIDNS_REFUSED)
     relay_gone, relay_alive = os.pipe()
     child = os.fork()
