@@ -15,7 +15,8 @@ import pytest
 import torch
 
 from fibray.evaluate.candidate import CandidateFailure, TimeResult, TrialOutput
-from fibray.workers.process.channel import Arena, BadMessage, Health, Op, Reply, Request, expect, recv, recv_fds, send, send_fds
+from fibray.workers.process.channel import (MAX_REPLY_BYTES, Arena, BadMessage, DeadlineExceeded, Health, Op, Reply,
+                                            Request, expect, recv, recv_fds, send, send_fds)
 
 
 @pytest.fixture()
@@ -164,6 +165,30 @@ def test_a_tensor_reference_outside_the_arena_is_refused(channel):
     with pytest.raises(BadMessage, match="outside"):
         recv(ours, time.monotonic() + 5, arena)
     arena.close()
+
+
+def test_a_message_that_stops_halfway_does_not_hold_its_reader_past_the_deadline(channel):
+    ours, theirs = channel
+    os.write(theirs.fileno(), struct.pack("!i", 1 << 20) + b"\0" * 16)  # 1 MiB announced, 16 bytes sent
+    t0 = time.monotonic()
+    with pytest.raises(DeadlineExceeded):
+        recv(ours, time.monotonic() + 0.5)
+    assert time.monotonic() - t0 < 5
+
+
+@pytest.mark.parametrize("announce", ["frame", "frame64", "tensors"])
+def test_a_message_announcing_more_than_a_reply_holds_is_refused_before_anything_is_allocated(channel, announce):
+    """The supervisor would otherwise allocate whatever an executor announces (up to the host's memory)."""
+    ours, theirs = channel
+    if announce == "frame":
+        os.write(theirs.fileno(), struct.pack("!i", MAX_REPLY_BYTES + 1))
+    elif announce == "frame64":  # the long form Connection uses past 2 GiB
+        os.write(theirs.fileno(), struct.pack("!iQ", -1, 64 << 30))
+    else:
+        body = struct.pack("<IQ", 1, MAX_REPLY_BYTES) + pickle.dumps(None, protocol=5)
+        os.write(theirs.fileno(), struct.pack("!i", len(body)) + body)
+    with pytest.raises(BadMessage, match="announced"):
+        recv(ours, time.monotonic() + 5)
 
 
 def test_the_executor_side_takes_its_supervisors_requests(channel):

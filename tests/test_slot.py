@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 
 import pytest
 
@@ -52,7 +53,6 @@ def test_healthy_executor_serves_many_jobs_without_replacement(slot):
 
 def test_descendants_walks_the_same_tree_as_a_full_process_scan(monkeypatch):
     import subprocess
-    import time
 
     from fibray.workers.process import sandbox
 
@@ -94,8 +94,6 @@ def test_isolated_jobs_run_in_fresh_processes(slot):
 def test_an_isolated_job_gets_a_new_executor_when_the_spares_died_while_warm(slot):
     """Spares that died before their job (killed, out of memory at start) are not the job's
     fault: new executors are started for it, and the start failure says how the spare ended."""
-    import time
-
     slot.spare_isolated = 2
     try:
         with slot._lock:
@@ -195,6 +193,38 @@ def test_a_candidate_that_hangs_while_timed_is_a_timeout_and_its_executor_is_kil
     assert result.escalated and slot.active.pid != active  # the hung executor is gone, not waited for
 
 
+_STALLS_ITS_CHANNEL = '''import os
+import struct
+import sys
+import time
+
+
+def run(hidden_states, weight, output):
+    fd = int(sys.argv[sys.argv.index("--fd") + 1])  # the executor's channel to its supervisor
+    os.write(fd, struct.pack("!i", 1 << 20) + bytes(16))  # a reply of 1 MiB announced, 16 bytes sent
+    time.sleep(600)
+'''
+
+
+def test_a_candidate_that_stops_halfway_through_a_reply_is_a_timeout_not_a_stuck_lane(slot):
+    """Its first bytes wake the supervisor, which must not then wait for the rest past the deadline."""
+    from fibray.schema import Solution
+
+    job = _jobs()[0]
+    stalls = Solution.model_validate({
+        "name": "stalls_its_channel", "definition": "rmsnorm_h4096", "author": "t",
+        "spec": {"language": "python", "target_hardware": ["cpu"], "entry_point": "main.py::run",
+                 "destination_passing_style": True},
+        "sources": [{"path": "main.py", "content": _STALLS_ITS_CHANNEL}]})
+    settings = job.settings.model_copy(update={"run_deadline_s": 4})
+    t0 = time.monotonic()
+    result = slot.evaluate(job.model_copy(update={"job_id": "stalls", "solution": stalls, "settings": settings}),
+                           "auto", now_iso())
+    ev = result.evaluation
+    assert (ev.status.value, ev.reason) == ("TIMEOUT", "run_timeout"), ev.log[-300:]
+    assert time.monotonic() - t0 < 60
+
+
 _RUNS_OUT_OF_MEMORY_WHEN_TIMED = '''import torch
 
 _calls = [0]
@@ -244,8 +274,6 @@ def test_what_a_solution_leaves_in_its_executor_never_reaches_the_next_solution(
         assert verdict == ("RUNTIME_ERROR", "work_left_running"), bad.evaluation.log[-500:]
     else:
         assert verdict == ("PASSED", None)  # correct itself: the harm is to whoever comes next
-    import time
-
     time.sleep(2.0)  # the thread's patch lands after its job and health check
     for job in _jobs()[:2]:
         # a sweep of their own: earlier tests' faults of this solution would send them to fresh processes

@@ -24,6 +24,17 @@ class BuildError(Exception):
         self.reason = reason
 
 
+def bound_log(text: str, limit: int) -> str:
+    """Keep the head and the tail of a long log (the tail holds the exception)."""
+    if len(text) <= limit:
+        return text
+    head = limit // 4
+    tail = limit - head - 40
+    return f"{text[:head]}\n... [{len(text) - head - tail} chars cut] ...\n{text[-tail:]}"
+
+
+RAISED_LOG_LIMIT = 1 << 20
+"""Characters of a candidate's traceback an executor sends (the verdict keeps far fewer, eval.log_limit)."""
 _TYPE_NAME = type.__dict__["__qualname__"]
 _TRACEBACK = BaseException.__dict__["__traceback__"]
 
@@ -40,11 +51,11 @@ def format_raised(e: BaseException) -> str:
     """The traceback of an exception that candidate code raised, as text. Never raises, whatever the
     exception's own methods do (a __str__ or __repr__ that raises, a metaclass that hides its name or
     module, a property in place of __traceback__): then the frames, the class and why the message is
-    missing."""
+    missing. At most RAISED_LOG_LIMIT characters, head and tail."""
     try:
         text = "".join(traceback.format_exception(e))
         if type(text) is str:
-            return text
+            return bound_log(text, RAISED_LOG_LIMIT)
         failed = "its traceback did not format as text"
     except BaseException as why:  # noqa: BLE001 - a candidate's exception can raise anything when formatted
         failed = f"formatting it raised {raised_type(why)}"

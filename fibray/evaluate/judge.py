@@ -14,7 +14,7 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from fibray.compile import build_reference
+from fibray.compile import bound_log, build_reference
 from fibray.evaluate.candidate import TimeResult, TrialOutput, normalize_outputs
 from fibray.check import CheckResult, Draws, Tolerance, checker_for, judge_calls, wants_draws
 from fibray.check.base import structural
@@ -34,15 +34,6 @@ from fibray.timing.timer import calls_after_warmup
 
 Status = EvaluationStatus
 
-
-
-def bound_log(text: str, limit: int) -> str:
-    """Keep the head and the tail of a long log (the tail holds the exception)."""
-    if len(text) <= limit:
-        return text
-    head = limit // 4
-    tail = limit - head - 40
-    return f"{text[:head]}\n... [{len(text) - head - tail} chars cut] ...\n{text[-tail:]}"
 
 
 @dataclass

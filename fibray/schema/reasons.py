@@ -81,7 +81,7 @@ class Reason(StrEnum):
     LEFT_CHILD_PROCESS = "left_child_process"
     """The candidate left processes running after its job; they were killed."""
     WORK_LEFT_RUNNING = "work_left_running"
-    """The executor had more threads after a call returned than once its solution was built (work left running)."""
+    """The executor had a thread after a call returned that it did not have once its solution was built (work left running)."""
 
     # -- the timing, bounded by the supervisor (RUNTIME_ERROR) --------------------------------
     TIMING_BELOW_OBSERVED = "timing_below_observed"

@@ -61,7 +61,7 @@ class RemoteCalls:
         from a lie on a GPU slot (fibray.timing.bound.HOST_BOUND_SHARE)."""
         self.threads = threads_of(self.executor_pid)
         """The executor's threads when the job started, then once its solution is built (from /proc,
-        not from the executor): a call that returns leaving more is work left running."""
+        not from the executor): a call that returns leaving another is work left running."""
         self.oom_kills = ex.cgroup.oom_kills() if ex.cgroup is not None else 0
         """Processes of the executor's memory cgroup the kernel had ended when the job started: one more
         after a call (a child the candidate started went over the bound, its executor lived on) fails it."""
@@ -130,11 +130,11 @@ class RemoteCalls:
         if cg is not None and cg.oom_kills() > self.oom_kills:
             return CandidateFailure(status="RUNTIME_ERROR", reason=Reason.OUT_OF_MEMORY,
                                     log=f"{sandbox.over_memory_bound(cg)} during the call; the kernel ended one of them")
-        now = threads_of(self.executor_pid)
-        if now > self.threads:
+        new = threads_of(self.executor_pid) - self.threads
+        if new:
             return CandidateFailure(status="RUNTIME_ERROR", reason=Reason.WORK_LEFT_RUNNING,
-                                    log=f"the executor had {now - self.threads} more thread(s) after the call returned "
-                                        f"than when the job started")
+                                    log=f"the executor had {len(new)} thread(s) after the call returned that it did "
+                                        f"not have when the job started")
         return None
 
     def _trial_like(self, op: Op, job: Job, trial: int = 0) -> TrialOutput:
@@ -192,12 +192,13 @@ def answer(ex: sandbox.Executor, deadline: float, quiet: Optional[Quiet], slack:
     return recv(ex.conn, deadline + slack, ex.arena)
 
 
-def threads_of(pid: int) -> int:
-    """Threads of a process, as /proc lists them (0 once it is gone)."""
+def threads_of(pid: int) -> frozenset[int]:
+    """The ids of a process's threads, as /proc lists them (none once it is gone). Ids, not a count:
+    a candidate that ends one of the executor's own threads may not start one of its own in its place."""
     try:
-        return len(os.listdir(f"/proc/{pid}/task"))
-    except OSError:
-        return 0
+        return frozenset(int(t) for t in os.listdir(f"/proc/{pid}/task"))
+    except (OSError, ValueError):
+        return frozenset()
 
 
 class CalibrationSide:

@@ -282,27 +282,53 @@ def _read_into(conn: Connection, buf: bytearray, deadline: Optional[float]) -> N
         view = view[n:]
 
 
-_MAX_OUT_OF_BAND = 64 << 30
+MAX_REPLY_BYTES = 1 << 30
+"""The most an executor's message may hold outside the arena, its pickle included: replies hold
+verdict data and logs (bounded by the executor), their tensors go through the arena. A candidate
+can write anything on the channel; without this bound it could make its supervisor allocate as
+much as it announced."""
+
+
+def _read_exact(conn: Connection, n: int, deadline: Optional[float]) -> bytearray:
+    buf = bytearray(n)
+    _read_into(conn, buf, deadline)
+    return buf
+
+
+def _frame(conn: Connection, deadline: Optional[float], limit: Optional[int]) -> bytearray:
+    """One frame as Connection.send_bytes writes it (a big-endian length, -1 then a 64-bit one for
+    large frames), read before `deadline` to its last byte: a sender that stops mid-frame cannot
+    hold its reader past it."""
+    (size,) = struct.unpack("!i", _read_exact(conn, 4, deadline))
+    if size == -1:
+        (size,) = struct.unpack("!Q", _read_exact(conn, 8, deadline))
+    if size < 4 or (limit is not None and size > limit):
+        raise BadMessage(f"a message of {size} bytes announced (at most {limit})")
+    return _read_exact(conn, size, deadline)
 
 
 def recv(conn: Connection, deadline: Optional[float], arena: Optional[Arena] = None, trusted: bool = False) -> Any:
-    """Receive one message before `deadline` (time.monotonic); None means wait forever (executor side only).
-    `arena`: the channel's shared memory, for tensors sent through it. Only `trusted` (the executor,
-    hearing from its supervisor) unpickles any class; the supervisor takes only what a reply holds."""
+    """Receive one message, all of it before `deadline` (time.monotonic); None means wait forever
+    (executor side only). `arena`: the channel's shared memory, for tensors sent through it. Only
+    `trusted` (the executor, hearing from its supervisor) unpickles any class and may be sent more
+    than MAX_REPLY_BYTES; the supervisor takes only what a reply holds."""
+    limit = None if trusted else MAX_REPLY_BYTES
     try:
         if deadline is not None and not conn.poll(max(0.0, deadline - time.monotonic())):
             raise DeadlineExceeded()
-        header = conn.recv_bytes()
+        header = _frame(conn, deadline, limit)
         (n,) = struct.unpack_from("<I", header)
         sizes = struct.unpack_from(f"<{n}Q", header, 4)
-        if sum(sizes) > _MAX_OUT_OF_BAND:
-            raise BadMessage(f"a message announced {sum(sizes)} bytes of tensors")
+        if limit is not None and sum(sizes) + len(header) > limit:
+            raise BadMessage(f"a message announced {sum(sizes)} bytes of tensors (at most {limit} in all)")
         buffers = []
         for size in sizes:
             buf = bytearray(size)
             _read_into(conn, buf, deadline)
             buffers.append(buf)
-    except (EOFError, ConnectionResetError, OSError, struct.error) as e:
+    except struct.error as e:
+        raise BadMessage(f"a malformed message header: {e}") from None
+    except (EOFError, ConnectionResetError, OSError) as e:
         raise ChannelClosed(str(e) or "end of channel") from None
     try:
         return _Unpickler(memoryview(header)[4 + 8 * n:], buffers, arena, trusted).load()
