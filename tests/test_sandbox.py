@@ -282,6 +282,34 @@ def test_an_executor_shares_no_sysv_ipc_with_other_processes():
         ctypes.CDLL(None).shmctl(shm, 0, None)  # IPC_RMID
 
 
+_FORK_BOMB = r"""
+import os, signal
+made = 0
+while made < 10000:
+    try:
+        pid = os.fork()
+    except OSError:
+        break
+    if pid == 0:
+        signal.pause()
+        os._exit(0)
+    made += 1
+print(made, flush=True)
+"""
+
+
+def test_a_fork_bomb_stops_at_the_executors_process_limit_and_dies_with_it():
+    if not sandbox.pid_namespaces_available():
+        pytest.skip("this OS refuses PID namespaces")
+    uid = DEFAULT_UID_RANGE[0] + 7
+    argv = sandbox_argv(max_open_files=256, max_processes=64, memory_limit_bytes=None, cpu_seconds=None,
+                        netns=False, uid=uid, pidns=True)
+    out = subprocess.run([*argv, sys.executable, "-c", _FORK_BOMB], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and 0 < int(out.stdout.split()[0]) < 64, out  # the kernel refused the 64th
+    time.sleep(0.5)
+    assert not uids_running(uid), "the bomb's children outlived their executor"
+
+
 def test_what_an_executor_leaves_behind_dies_with_it():
     if not sandbox.pid_namespaces_available():
         import pytest
