@@ -205,3 +205,74 @@ def test_sweep_joins_an_existing_cluster_through_ray_address(tmp_path):
             head.wait(timeout=30)
         shutil.rmtree(temp_dir, ignore_errors=True)
     _assert_no_process_left(before)
+
+
+def test_a_service_restores_a_slot_lost_with_its_node_once_a_gpu_is_free_again(tmp_path, monkeypatch):
+    """Issue 16.5: the node holding the service's only slot is lost; a request sent then waits (its
+    job is re-queued, the replacement slot cannot be placed and gives up); a node with a GPU joins and
+    the service starts the slot there: the request is answered, once."""
+    from _service_helpers import Service
+
+    from fibray.client import Client
+    from fibray.dataset import load_dataset
+
+    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")  # the in-process cluster and everyone joining it
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    before = _descendants()
+    cluster = Cluster(initialize_head=True, head_node_args={
+        "num_cpus": 2, "num_gpus": 0, "include_dashboard": False, "_system_config": FAST_NODE_DEATH})
+    node_b = cluster.add_node(num_cpus=0, num_gpus=1)
+    state_dir = Path(tempfile.mkdtemp(prefix="fibray-state-", dir="/tmp"))
+    env = {**os.environ, "FIBRAY_STATE_DIR": str(state_dir), "PYTHONPATH": str(REPO)}
+    svc = Service(f"restore{os.getpid()}", state_dir, env, tmp_path / "store")
+    data = REPO / "datasets" / "core"
+    try:
+        cluster.wait_for_nodes()
+        started = svc.cli(f"cluster.address={cluster.address}", "cluster.num_gpus=1", "cluster.start_deadline_s=20",
+                          f"store.root={svc.store}", "runner.spare_isolated=0", "service.restore_interval_s=1",
+                          f"dataset.root={data}", "dataset.workload_set=cpu_small", timeout=600)
+        assert started.returncode == 0, started.stdout[-2000:] + started.stderr[-4000:]
+        ds = load_dataset(data, definitions=["rmsnorm_h4096"], solution_roots=[REPO / "solutions"],
+                          solutions=["rmsnorm_h4096_torch"], workload_set="cpu_small")
+        sol, (w0, w1) = ds.solutions["rmsnorm_h4096_torch"], [w.uuid for w in ds.workloads["rmsnorm_h4096"][:2]]
+        client = Client("restore", store=svc.store, service=svc.name, state_dir=str(state_dir), dataset=data,
+                        workload_set="cpu_small")
+        fast = {"warmup": 0, "iterations": 2, "trials": 1}
+        assert client.submit(sol, "rmsnorm_h4096", workloads=[w0], settings=fast)[0].result(timeout=300).status.value == "PASSED"
+
+        status = client.status()
+        slot_pid = status["slots"][0]["pid"]
+        on_b = {c.pid for c in psutil.Process(_raylet_pid(node_b)).children(recursive=True)}
+        assert slot_pid in on_b and status["pid"] not in on_b  # the coordinator stays where the service started
+        cluster.remove_node(node_b, allow_graceful=False)
+        deadline = time.monotonic() + 60
+        while psutil.pid_exists(slot_pid) or any(n["NodeID"] == node_b.node_id and n["Alive"] for n in ray.nodes()):
+            assert time.monotonic() < deadline, "node b or its slot outlived remove_node"
+            time.sleep(0.2)
+        waiting = client.submit(sol, "rmsnorm_h4096", workloads=[w1], settings=fast)
+        deadline = time.monotonic() + 120
+        while not any(s.get("phase") == "dead" for s in client.status()["slots"]):  # its replacement gave up
+            assert time.monotonic() < deadline, repr(client.status())
+            time.sleep(1.0)
+        assert not waiting[0].done()  # no GPU anywhere: the request waits, it is not failed
+        cluster.add_node(num_cpus=0, num_gpus=1)
+        ev = waiting[0].result(timeout=300)
+        assert ev.status.value == "PASSED", ev.log[-500:]
+        status = client.status()
+        assert status["slot_restores"] >= 1 and status["requeued"] >= 1, status
+        def rows() -> list[str]:
+            store = TraceStore(svc.store)
+            return [r["workload_uuid"] for r in store.read(sweep="restore", columns=["workload_uuid"]).to_pylist()
+                    ] if store.files(sweep="restore") else []
+
+        deadline = time.monotonic() + 60
+        while len(rows()) < 2 and time.monotonic() < deadline:  # the service publishes its rows each second
+            time.sleep(0.5)
+        time.sleep(2.0)  # and nothing more comes
+        assert sorted(rows()) == sorted([w0, w1])  # each answered once
+    finally:
+        svc.stop()
+        if ray.is_initialized():
+            ray.shutdown()
+        cluster.shutdown()
+    _assert_no_process_left(before)

@@ -73,10 +73,16 @@ def start_service(cfg: ServeConfig) -> tuple[dict, dict[str, float]]:
             raise ServiceError(f"service {name!r} is already running on {address}")
         except ValueError:
             pass
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
         from fibray.serve.coordinator import Coordinator
 
+        # on this node (the head it started, or the node it joined from), never on a GPU node that may
+        # be lost: the coordinator holds the queue and the slots it restores when their node goes
+        here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
         coordinator = ray.remote(Coordinator).options(
             name=name, namespace=NAMESPACE, lifetime="detached", max_concurrency=10_000, num_cpus=0, max_restarts=0,
+            scheduling_strategy=here,
         ).remote(cfg.model_dump(mode="json"))
         deadline = cfg.service.ready_deadline_s
         status = ray.get(coordinator.ready.remote(deadline), timeout=deadline + 60)
