@@ -211,14 +211,29 @@ def test_a_service_restores_a_slot_lost_with_its_node_once_a_gpu_is_free_again(t
     """Issue 16.5: the node holding the service's only slot is lost; a request sent then waits (its
     job is re-queued, the replacement slot cannot be placed and gives up); a node with a GPU joins and
     the service starts the slot there: the request is answered, once."""
+    from fibray.sweep.service import auth_kept, use_auth
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    before = _descendants()
+    with auth_kept():  # Ray caches the auth mode in this process: later tests get theirs back
+        use_auth("disabled")  # the in-process cluster and everyone joining it
+        _restore_after_node_loss(tmp_path)
+    _assert_no_process_left(before)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE  # an earlier test may have made us a subreaper
+    except psutil.NoSuchProcess:
+        return False
+
+
+def _restore_after_node_loss(tmp_path: Path) -> None:
     from _service_helpers import Service
 
     from fibray.client import Client
     from fibray.dataset import load_dataset
 
-    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")  # the in-process cluster and everyone joining it
-    monkeypatch.delenv("RAY_ADDRESS", raising=False)
-    before = _descendants()
     cluster = Cluster(initialize_head=True, head_node_args={
         "num_cpus": 2, "num_gpus": 0, "include_dashboard": False, "_system_config": FAST_NODE_DEATH})
     node_b = cluster.add_node(num_cpus=0, num_gpus=1)
@@ -246,7 +261,7 @@ def test_a_service_restores_a_slot_lost_with_its_node_once_a_gpu_is_free_again(t
         assert slot_pid in on_b and status["pid"] not in on_b  # the coordinator stays where the service started
         cluster.remove_node(node_b, allow_graceful=False)
         deadline = time.monotonic() + 60
-        while psutil.pid_exists(slot_pid) or any(n["NodeID"] == node_b.node_id and n["Alive"] for n in ray.nodes()):
+        while _alive(slot_pid) or any(n["NodeID"] == node_b.node_id and n["Alive"] for n in ray.nodes()):
             assert time.monotonic() < deadline, "node b or its slot outlived remove_node"
             time.sleep(0.2)
         waiting = client.submit(sol, "rmsnorm_h4096", workloads=[w1], settings=fast)
@@ -275,4 +290,3 @@ def test_a_service_restores_a_slot_lost_with_its_node_once_a_gpu_is_free_again(t
         if ray.is_initialized():
             ray.shutdown()
         cluster.shutdown()
-    _assert_no_process_left(before)
