@@ -16,7 +16,7 @@ import torch
 
 from fibray.evaluate.candidate import CandidateFailure, TimeResult, TrialOutput
 from fibray.workers.process.channel import (MAX_REPLY_BYTES, Arena, BadMessage, DeadlineExceeded, Health, Op, Reply,
-                                            Request, expect, recv, recv_fds, send, send_fds)
+                                            Request, checked, expect, recv, recv_fds, send, send_fds)
 
 
 @pytest.fixture()
@@ -107,6 +107,36 @@ def test_a_reply_of_the_wrong_model_is_a_bad_message(channel):
     send(theirs, Reply(True, forged))
     with pytest.raises(BadMessage, match="malformed"):
         expect(recv(ours, time.monotonic() + 5), TrialOutput)
+
+
+@pytest.mark.parametrize("fields", [
+    {"ok": False, "status": "PASSED"},             # an executor may fail its candidate, never pass it
+    {"ok": False, "status": "NOT_A_STATUS"},
+    {"ok": False, "reason": "made_up_reason"},
+    {"ok": "yes"},
+    {"ok": False, "error": ["not", "text"]},
+    {"ok": True, "spent": {"call": float("nan")}},
+    {"ok": True, "spent": ["call"]},
+])
+def test_a_reply_whose_own_fields_are_forged_is_a_bad_message(channel, fields):
+    ours, theirs = channel
+    forged = Reply(True)
+    forged.__dict__.update(fields)  # unpickling sets fields unchecked: as a candidate's pickle would
+    send(theirs, forged)
+    with pytest.raises(BadMessage):
+        checked(recv(ours, time.monotonic() + 5))
+
+
+def test_a_failure_inside_a_reply_cannot_say_passed(channel):
+    ours, theirs = channel
+    forged = TrialOutput()
+    forged.__dict__["failure"] = CandidateFailure.model_construct(status="PASSED", reason="exception", log="")
+    send(theirs, Reply(True, forged))
+    with pytest.raises(BadMessage, match="not a failing status"):
+        expect(recv(ours, time.monotonic() + 5), TrialOutput)
+    honest = TrialOutput(failure=CandidateFailure(status="RUNTIME_ERROR", reason="exception", log="boom"))
+    send(theirs, Reply(True, honest))
+    assert expect(recv(ours, time.monotonic() + 5), TrialOutput).failure.status == "RUNTIME_ERROR"
 
 
 def test_a_file_descriptor_travels_after_its_request(channel, tmp_path):

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 import torch
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, field_validator
 
 from fibray.compile import BuildCache, BuildError, DeviceRequired, Runnable, bind, format_raised, raised_type
 from fibray.check import collect_draws, draw_plan
@@ -25,7 +25,7 @@ from fibray.evaluate.inputs import allocate_outputs, materialize, torch_dtype
 from fibray.evaluate.memory import Layout, Region, apply_bump, args_of, bump_groups, outputs_of
 from fibray.evaluate.phases import Phases
 from fibray.schema.reasons import Reason
-from fibray.schema import Definition, Job, SafetensorsInput
+from fibray.schema import Definition, EvaluationStatus, Job, SafetensorsInput
 from fibray.timing import time_calls
 
 _copy = torch.Tensor.copy_
@@ -38,12 +38,33 @@ _type = type
 _Tensor = torch.Tensor
 
 
-class CandidateFailure(BaseModel):
-    """The candidate raised or misbehaved in a way its own process can tell (it can only fail itself)."""
+FAILING_STATUSES = frozenset(s.value for s in EvaluationStatus if s is not EvaluationStatus.PASSED)
+"""What an executor may say of its candidate: it can fail itself, never pass itself."""
+REASONS = frozenset(r.value for r in Reason)
 
+
+class CandidateFailure(BaseModel):
+    """The candidate raised or misbehaved in a way its own process can tell (it can only fail itself).
+    Validated again wherever it arrives (an unpickled instance is not checked as it is rebuilt)."""
+
+    model_config = ConfigDict(revalidate_instances="always")
     status: str
     reason: str
     log: str
+
+    @field_validator("status")
+    @classmethod
+    def _a_failure(cls, v: str) -> str:
+        if v not in FAILING_STATUSES:
+            raise ValueError(f"not a failing status: {v[:40]!r}")
+        return v
+
+    @field_validator("reason")
+    @classmethod
+    def _catalogued(cls, v: str) -> str:
+        if v not in REASONS:
+            raise ValueError(f"not a reason of fibray.schema.reasons: {v[:40]!r}")
+        return v
 
 
 class TrialOutput(BaseModel):

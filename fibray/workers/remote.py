@@ -25,7 +25,7 @@ from fibray.workers.cpu_clock import process_cpu_clock
 from fibray.workers.process import sandbox
 from fibray.workers.quiesce import Quiet
 from fibray.workers.process.channel import (
-    BadMessage, ChannelClosed, DeadlineExceeded, Op, Reply, Request, expect, recv, send, send_fds,
+    BadMessage, ChannelClosed, DeadlineExceeded, Op, Reply, Request, checked, expect, recv, send, send_fds,
 )
 
 Status = EvaluationStatus
@@ -71,9 +71,7 @@ class RemoteCalls:
             send(self.ex.conn, req)
             if fds:
                 send_fds(self.ex.conn, fds)
-            reply: Reply = answer(self.ex, deadline, self.quiet, slack=self.job.settings.run_deadline_s)
-            if not isinstance(reply, Reply):
-                raise BadMessage(f"not a reply: {type(reply).__name__}")
+            reply = checked(answer(self.ex, deadline, self.quiet, slack=self.job.settings.run_deadline_s))
             self.phase.add(reply.spent, prefix=f"{_PHASE_OF.get(req.op, req.op)}.")
             return reply
         except DeadlineExceeded:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ctypes
 import io
+import math
 import os
 import pickle
 import socket
@@ -24,9 +25,9 @@ from multiprocessing.connection import Connection
 from typing import Any, Optional
 
 import torch
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, StrictBool, ValidationError
 
-from fibray.evaluate.candidate import TimingPlan
+from fibray.evaluate.candidate import FAILING_STATUSES, REASONS, TimingPlan
 from fibray.evaluate.memory import Layout
 from fibray.schema import Job
 from fibray.workers.process.arena import ARENA_BYTES, Arena
@@ -109,11 +110,13 @@ class Reply(BaseModel):
     """Executor -> supervisor. `value` is one of the models above or of fibray.evaluate.candidate."""
 
     model_config = ConfigDict(arbitrary_types_allowed=True)
-    ok: bool
+    ok: StrictBool
     value: Any = None
     error: str = ""
     status: str = ""
+    """With ok false, the failing status the executor gives its candidate (or empty)."""
     reason: str = ""
+    """With ok false, the catalogue's reason (or empty)."""
     spent: dict[str, float] = {}
     """Seconds the executor spent per part of the request (inputs, call, checks)."""
 
@@ -121,10 +124,28 @@ class Reply(BaseModel):
         super().__init__(ok=ok, value=value, **kw)
 
 
+def checked(reply: Any) -> Reply:
+    """An executor's reply with its own fields validated (unpickling sets them unchecked; `expect`
+    checks its value), or BadMessage: an executor may fail its candidate, never pass it or make
+    the supervisor trip on a field of the wrong kind."""
+    if not isinstance(reply, Reply):
+        raise BadMessage(f"not a reply: {type(reply).__name__}")
+    try:
+        r = Reply.model_validate(dict(reply.__dict__))
+    except (ValidationError, TypeError) as e:
+        raise BadMessage(f"malformed reply: {e}") from None
+    if r.status and r.status not in FAILING_STATUSES or r.reason and r.reason not in REASONS:
+        raise BadMessage(f"a reply giving status {r.status[:40]!r} and reason {r.reason[:40]!r}")
+    if not all(math.isfinite(v) and v >= 0 for v in r.spent.values()):
+        raise BadMessage("a reply's spent seconds are not finite and non-negative")
+    return r
+
+
 def expect(reply: Any, kind: type[BaseModel]) -> Any:
     """A reply's value as `kind`, validated again (unpickling sets a model's fields without checking
     them), or BadMessage: a reply that is not what the request asks for comes from candidate code."""
-    if not isinstance(reply, Reply) or not isinstance(reply.value, kind):
+    reply = checked(reply)
+    if not isinstance(reply.value, kind):
         raise BadMessage(f"expected a reply holding {kind.__name__}, got {type(getattr(reply, 'value', reply)).__name__}")
     try:
         return kind.model_validate(dict(reply.value.__dict__))
