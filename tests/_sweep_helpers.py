@@ -61,3 +61,14 @@ def assert_memory_bound(ex, limits: dict, bound: int) -> None:
         assert limits["Max address space"] == "unlimited", limits
     else:
         assert limits["Max address space"] == str(bound), limits
+
+
+def inline_solution(name: str, source: str) -> Any:
+    """A CPU solution of rmsnorm_h4096 whose main.py is `source`."""
+    from fibray.schema import Solution
+
+    return Solution.model_validate({
+        "name": name, "definition": "rmsnorm_h4096", "author": "t",
+        "spec": {"language": "python", "target_hardware": ["cpu"], "entry_point": "main.py::run",
+                 "destination_passing_style": True},
+        "sources": [{"path": "main.py", "content": source}]})

@@ -12,14 +12,13 @@ import pytest
 
 from fibray.evaluate import now_iso
 from fibray.evaluate.phases import Phases, top_level
-from fibray.schema import Solution
 from fibray.store import scan
 from fibray.sweep import run_sweep
 from fibray.workers.gpu_lock import GpuLock
 from fibray.workers.process.sandbox import SandboxPolicy
 from fibray.workers.slot import GpuSlot
 from fibray.workers.spec import SlotSpec
-from _sweep_helpers import reachable_tmpdir, smoke_config
+from _sweep_helpers import inline_solution, reachable_tmpdir, smoke_config
 from test_slot import _jobs
 
 
@@ -168,22 +167,14 @@ def run(hidden_states, weight, output):
 '''
 
 
-def _solution(name: str, source: str) -> Solution:
-    return Solution.model_validate({
-        "name": name, "definition": "rmsnorm_h4096", "author": "t",
-        "spec": {"language": "python", "target_hardware": ["cpu"], "entry_point": "main.py::run",
-                 "destination_passing_style": True},
-        "sources": [{"path": "main.py", "content": source}]})
-
-
 @pytest.mark.slow
 def test_a_daemon_left_by_one_lane_is_charged_to_its_own_job(lanes_slot):
     slot = lanes_slot
     honest, other = _jobs()[:2]
     # the honest job is still running when the daemon's job ends: only the executor that adopted
     # the daemon (not the slot, which cannot tell whose it is) can charge the right job
-    results = _concurrently(slot, [honest.model_copy(update={"job_id": "honest-lane", "solution": _solution("slow", _SLOW)}),
-                                   other.model_copy(update={"job_id": "daemon-lane", "solution": _solution("daemonizes", _DAEMON)})])
+    results = _concurrently(slot, [honest.model_copy(update={"job_id": "honest-lane", "solution": inline_solution("slow", _SLOW)}),
+                                   other.model_copy(update={"job_id": "daemon-lane", "solution": inline_solution("daemonizes", _DAEMON)})])
     assert results["daemon-lane"].evaluation.reason == "left_child_process"
     assert results["honest-lane"].evaluation.status.value == "PASSED"
 
@@ -363,7 +354,7 @@ def _ticks_inside_windows(slot, ticker_job, honest_jobs, tmp, ticker: str = _TIC
     tmp.chmod(0o777)
     source = ticker.replace("TICKS", repr(str(ticks)))
     first = len(slot.quiet.windows)
-    jobs = [ticker_job.model_copy(update={"solution": _solution("ticker", source)}), *honest_jobs]
+    jobs = [ticker_job.model_copy(update={"solution": inline_solution("ticker", source)}), *honest_jobs]
     own: set[int] = set()  # the slot knows an executor by the pid it started (the relay, in a PID namespace)
     take = slot._take_persistent
 
@@ -456,7 +447,7 @@ def test_a_hung_neighbour_never_holds_up_a_timed_window(lanes_slot):
     tmp = reachable_tmpdir("fibray-hung-")
     tmp.chmod(0o777)
     mark = tmp / "hung"
-    hung = hung.model_copy(update={"solution": _solution("stops_itself", _STOPS_ITSELF.replace("MARK", repr(str(mark)))),
+    hung = hung.model_copy(update={"solution": inline_solution("stops_itself", _STOPS_ITSELF.replace("MARK", repr(str(mark)))),
                                    "settings": hung.settings.model_copy(update={"run_deadline_s": 20.0})})
     t0 = time.monotonic()
     try:

@@ -15,7 +15,7 @@ from fibray.schema import EvalSettings, Job, Solution
 from fibray.workers.slot import GpuSlot
 from fibray.workers.process import sandbox
 from fibray.workers.spec import SlotSpec, distinct_shapes
-from _sweep_helpers import REPO, reachable_tmpdir
+from _sweep_helpers import REPO, inline_solution, reachable_tmpdir
 
 pytestmark = pytest.mark.slow  # every test here runs real sweeps, Ray, compilers or sandboxed processes
 
@@ -35,15 +35,6 @@ def slot():
     s.info()
     yield s
     s.shutdown()
-
-
-def _inline(name: str, source: str) -> Solution:
-    """A CPU solution of rmsnorm_h4096 whose main.py is `source`."""
-    return Solution.model_validate({
-        "name": name, "definition": "rmsnorm_h4096", "author": "t",
-        "spec": {"language": "python", "target_hardware": ["cpu"], "entry_point": "main.py::run",
-                 "destination_passing_style": True},
-        "sources": [{"path": "main.py", "content": source}]})
 
 
 def test_healthy_executor_serves_many_jobs_without_replacement(slot):
@@ -144,7 +135,7 @@ def run(hidden_states, weight, output):
 
 def test_executor_failing_its_health_check_is_retired_before_the_next_job(slot):
     job = _jobs()[0]
-    poisoner = _inline("breaks_canary", _BREAKS_THE_CANARY)
+    poisoner = inline_solution("breaks_canary", _BREAKS_THE_CANARY)
     # the lane's executor serves another solution first (whatever earlier tests left in the lane)
     first = slot.evaluate(job.model_copy(update={"job_id": "before-canary"}), "auto", now_iso())
     assert first.evaluation.status.value == "PASSED", first.evaluation.log[-300:]
@@ -180,7 +171,7 @@ def run(hidden_states, weight, output):
 
 def test_a_candidate_that_hangs_while_timed_is_a_timeout_and_its_executor_is_killed(slot):
     job = _jobs()[0]
-    hangs = _inline("hangs_when_timed", _HANGS_WHEN_TIMED)
+    hangs = inline_solution("hangs_when_timed", _HANGS_WHEN_TIMED)
     settings = job.settings.model_copy(update={"run_deadline_s": 4})
     active = slot._ready(slot.active).pid
     result = slot.evaluate(job.model_copy(update={"job_id": "hangs-timed", "solution": hangs, "settings": settings}),
@@ -206,7 +197,7 @@ def run(hidden_states, weight, output):
 def test_a_candidate_that_stops_halfway_through_a_reply_is_a_timeout_not_a_stuck_lane(slot):
     """Its first bytes wake the supervisor, which must not then wait for the rest past the deadline."""
     job = _jobs()[0]
-    stalls = _inline("stalls_its_channel", _STALLS_ITS_CHANNEL)
+    stalls = inline_solution("stalls_its_channel", _STALLS_ITS_CHANNEL)
     settings = job.settings.model_copy(update={"run_deadline_s": 4})
     t0 = time.monotonic()
     result = slot.evaluate(job.model_copy(update={"job_id": "stalls", "solution": stalls, "settings": settings}),
@@ -234,7 +225,7 @@ def test_a_failure_while_timed_keeps_the_executors_status_reason_and_log(slot):
     """The executor classified the candidate's exception (out_of_memory) and sent its traceback:
     the verdict is that, not a generic failed_during_timing with the supervisor's repr of it."""
     job = _jobs()[0]
-    oom = _inline("oom_when_timed", _RUNS_OUT_OF_MEMORY_WHEN_TIMED)
+    oom = inline_solution("oom_when_timed", _RUNS_OUT_OF_MEMORY_WHEN_TIMED)
     result = slot.evaluate(job.model_copy(update={"job_id": "oom-timed", "solution": oom}), "auto", now_iso())
     ev = result.evaluation
     assert (ev.status.value, ev.reason) == ("RUNTIME_ERROR", "out_of_memory"), (ev.reason, ev.log[-300:])

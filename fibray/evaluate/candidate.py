@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 import torch
-from pydantic import BaseModel, ConfigDict, field_validator
+from pydantic import BaseModel, ConfigDict, ValidationInfo, field_validator
 
 from fibray.compile import BuildCache, BuildError, DeviceRequired, Runnable, bind, format_raised, raised_type
 from fibray.check import collect_draws, draw_plan
@@ -52,18 +52,12 @@ class CandidateFailure(BaseModel):
     reason: str
     log: str
 
-    @field_validator("status")
+    @field_validator("status", "reason")
     @classmethod
-    def _a_failure(cls, v: str) -> str:
-        if v not in FAILING_STATUSES:
-            raise ValueError(f"not a failing status: {v[:40]!r}")
-        return v
-
-    @field_validator("reason")
-    @classmethod
-    def _catalogued(cls, v: str) -> str:
-        if v not in REASONS:
-            raise ValueError(f"not a reason of fibray.schema.reasons: {v[:40]!r}")
+    def _allowed(cls, v: str, info: ValidationInfo) -> str:
+        allowed, what = (FAILING_STATUSES, "a failing status") if info.field_name == "status" else (REASONS, "a reason")
+        if v not in allowed:
+            raise ValueError(f"not {what}: {v[:40]!r}")
         return v
 
 
