@@ -310,6 +310,48 @@ def test_a_fork_bomb_stops_at_the_executors_process_limit_and_dies_with_it():
     assert not uids_running(uid), "the bomb's children outlived their executor"
 
 
+_DIES_IN_A_WINDOW = r"""
+import os, sys, pathlib, time
+from fibray.workers.process import sandbox
+from fibray.workers.quiesce import Quiet
+policy = sandbox.SandboxPolicy(memory_limit_bytes=None, scratch_bytes=None)
+ex = sandbox.spawn("cpu", pathlib.Path(sys.argv[1]), policy, single_use=True)
+while ex.executor_pid() == ex.pid:  # the relay has not forked its executor yet
+    time.sleep(0.05)
+quiet = Quiet(policy, ack_deadline_s=0.5)
+with quiet.window("timing", [ex], None):
+    print(ex.pid, ex.executor_pid(), flush=True)
+    os._exit(0)  # the supervisor dies while its executor is stopped
+"""
+
+
+def test_an_executor_stopped_for_a_window_dies_with_a_supervisor_that_dies_in_it():
+    """A stopped process cannot watch its parent: were the PID namespace's relay stopped with its
+    executor, both would stay stopped for ever (holding memory, and on a GPU a context) once the
+    supervisor died with the window open."""
+    if os.geteuid() != 0 or not sandbox.pid_namespaces_available():
+        pytest.skip("needs root and PID namespaces (an executor of a uid of its own, below a relay)")
+    base = reachable_tmpdir("fibray-window-")
+    out = subprocess.run([sys.executable, "-c", _DIES_IN_A_WINDOW, str(base)], capture_output=True, text=True,
+                         timeout=120)
+    relay, executor = (int(p) for p in out.stdout.split()[:2])
+    assert relay != executor, out
+    deadline = time.monotonic() + 15
+    while any(_alive(p) for p in (relay, executor)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    left = [p for p in (relay, executor) if _alive(p)]
+    for pid in left:
+        os.kill(pid, signal.SIGKILL)
+    assert not left, f"still there, stopped, after their supervisor died: {left}"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
 def test_what_an_executor_leaves_behind_dies_with_it():
     if not sandbox.pid_namespaces_available():
         import pytest

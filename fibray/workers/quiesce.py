@@ -136,7 +136,10 @@ class Quiet:
             for ex in others:
                 pids = []
                 below = () if ex.uid is not None and uids else sandbox.descendants(ex.pid)  # the uid's: stopped above
-                for pid in (ex.pid, *below):  # the executor first: it forks no more
+                # not a PID namespace's relay (fibray's, root's, running no candidate code): it must stay
+                # awake to end its executor if this supervisor dies while the window is open
+                first = () if ex.pid_namespace else (ex.pid,)
+                for pid in (*first, *below):  # the executor first: it forks no more
                     try:
                         os.kill(pid, signal.SIGSTOP)
                         pids.append(pid)
