@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -201,15 +200,7 @@ def _memory_cgroup(policy: SandboxPolicy) -> ExecutorCgroup | None:
 def _end(cgroup: ExecutorCgroup) -> int:
     """Kill what is left in the run's cgroup (a process that left its session and uid behind), remove
     the cgroup, and say how many processes the kernel ended in it for going over its bound."""
-    for _ in range(50):  # a process may fork while we kill
-        if not (pids := cgroup.pids()):
-            break
-        for pid in pids:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-        time.sleep(0.02)
+    cgroup.kill_all()
     kills = cgroup.oom_kills()
     cgroup.remove()
     return kills

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import signal
 import threading
 import time
 from dataclasses import dataclass
@@ -242,6 +243,19 @@ class ExecutorCgroup:
             except (OSError, ValueError):
                 pass
         return list(found)
+
+    def kill_all(self) -> None:
+        """SIGKILL every process in them (whatever an executor or run started, wherever it re-parented),
+        again while one forks as it is killed."""
+        for _ in range(50):
+            if not (pids := self.pids()):
+                return
+            for pid in pids:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except OSError:
+                    pass
+            time.sleep(0.02)
 
     def remove(self, wait_s: float = 1.0) -> bool:
         """Remove them once their processes are gone (they must be killed first); False if one stayed."""

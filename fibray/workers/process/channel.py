@@ -146,7 +146,7 @@ def expect(reply: Any, kind: type[BaseModel]) -> Any:
     them), or BadMessage: a reply that is not what the request asks for comes from candidate code."""
     reply = checked(reply)
     if not isinstance(reply.value, kind):
-        raise BadMessage(f"expected a reply holding {kind.__name__}, got {type(getattr(reply, 'value', reply)).__name__}")
+        raise BadMessage(f"expected a reply holding {kind.__name__}, got {type(reply.value).__name__}")
     try:
         return kind.model_validate(dict(reply.value.__dict__))
     except (ValidationError, TypeError) as e:
@@ -342,11 +342,7 @@ def recv(conn: Connection, deadline: Optional[float], arena: Optional[Arena] = N
         sizes = struct.unpack_from(f"<{n}Q", header, 4)
         if limit is not None and sum(sizes) + len(header) > limit:
             raise BadMessage(f"a message announced {sum(sizes)} bytes of tensors (at most {limit} in all)")
-        buffers = []
-        for size in sizes:
-            buf = bytearray(size)
-            _read_into(conn, buf, deadline)
-            buffers.append(buf)
+        buffers = [_read_exact(conn, size, deadline) for size in sizes]
     except struct.error as e:
         raise BadMessage(f"a malformed message header: {e}") from None
     except (EOFError, ConnectionResetError, OSError) as e:

@@ -609,11 +609,7 @@ def retire(ex: Executor, wait_s: float = deadlines.RETIRE_EXIT_S) -> None:
         ex.arena.close()
         ex.arena = None
     if ex.cgroup is not None:  # whatever it started still runs in its cgroup, wherever it re-parented
-        for pid in ex.cgroup.pids():
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except OSError:
-                pass
+        ex.cgroup.kill_all()
         ex.cgroup.remove()
     if ex.uid is not None:
         ex.uid.release()  # whatever still runs as its uid (escaped its tree) dies here
