@@ -414,6 +414,25 @@ def _hierarchies() -> list:
         pytest.param(None, marks=pytest.mark.skip(reason="no cgroup hierarchy counts CPU time here"))]
 
 
+def test_a_memory_cgroup_may_be_made_above_fibrays_own_cgroup_deepest_first():
+    """On cgroup v2 a cgroup that holds processes delegates no controller (the root excepted), so
+    the memory bound of executors is probed at fibray's own cgroup and then at each one above it."""
+    from fibray.workers.process.cgroup import Hierarchy, _hierarchies
+
+    mountinfo = ["35 24 0:30 / /sys/fs/cgroup rw,nosuid - cgroup2 cgroup2 rw,nsdelegate",
+                 "36 24 0:31 /outer /sys/fs/cgroup/memory rw - cgroup cgroup rw,memory"]
+    cgroups = ["0::/system.slice/job.scope", "4:memory:/outer/job"]
+    assert _hierarchies(mountinfo, cgroups, "memory") == [
+        Hierarchy(Path("/sys/fs/cgroup/system.slice/job.scope"), True),
+        Hierarchy(Path("/sys/fs/cgroup/system.slice"), True),
+        Hierarchy(Path("/sys/fs/cgroup"), True),
+        Hierarchy(Path("/sys/fs/cgroup/memory/job"), False),  # the v1 mount shows /outer as its root
+        Hierarchy(Path("/sys/fs/cgroup/memory"), False),
+    ]
+    assert _hierarchies(mountinfo, ["0::/"], "memory") == [Hierarchy(Path("/sys/fs/cgroup"), True)]
+    assert _hierarchies(mountinfo, ["4:memory:/elsewhere"], "memory") == []  # not below the v1 mount's root
+
+
 @pytest.mark.parametrize("h", _hierarchies())
 def test_what_an_executor_starts_is_counted_in_a_cgroup_it_cannot_leave(h):
     from fibray.workers.process.cgroup import ExecutorCgroup

@@ -41,10 +41,11 @@ class Hierarchy:
         return path / ("cpu.stat" if self.v2 else "cpuacct.usage")
 
 
-def _own_paths(controller: str) -> tuple[Optional[str], Optional[str]]:
-    """This process's cgroup in the v2 hierarchy and in the v1 one holding `controller` (None: not in one)."""
+def _own_paths(cgroup_lines: list[str], controller: str) -> tuple[Optional[str], Optional[str]]:
+    """A process's cgroup in the v2 hierarchy and in the v1 one holding `controller` (None: not in
+    one), from the lines of its /proc/PID/cgroup."""
     v2 = v1 = None
-    for line in Path("/proc/self/cgroup").read_text().splitlines():
+    for line in cgroup_lines:
         hid, controllers, path = line.split(":", 2)
         if hid == "0" and controllers == "":
             v2 = path
@@ -54,18 +55,26 @@ def _own_paths(controller: str) -> tuple[Optional[str], Optional[str]]:
 
 
 def hierarchies(controller: str = "cpuacct") -> list[Hierarchy]:
-    """cgroup v2, then the v1 hierarchy of `controller`, each where this process sits in it (from
-    /proc/self/mountinfo). Whether v2 has the controller there is for a probe to find out."""
-    found: list[Hierarchy] = []
+    """cgroup v2, then the v1 hierarchy of `controller`, each at this process's own place in it and
+    then at each cgroup above it that the mount shows, deepest first. Whether a controller can be
+    used there is for a probe to find out: on v2 a controller reaches a new cgroup only if its
+    parent delegates it, and a cgroup that holds processes (fibray's own, usually) can delegate
+    none unless it is the root, so a cgroup above fibray's may be the first that bounds memory."""
     try:
-        lines = Path("/proc/self/mountinfo").read_text().splitlines()
-        own_v2, own_v1 = _own_paths(controller)
+        mountinfo = Path("/proc/self/mountinfo").read_text().splitlines()
+        cgroups = Path("/proc/self/cgroup").read_text().splitlines()
     except OSError:
-        return found
+        return []
+    return _hierarchies(mountinfo, cgroups, controller)
+
+
+def _hierarchies(mountinfo: list[str], cgroups: list[str], controller: str) -> list[Hierarchy]:
+    found: list[Hierarchy] = []
+    own_v2, own_v1 = _own_paths(cgroups, controller)
     for v2, own in ((True, own_v2), (False, own_v1)):
         if own is None:
             continue
-        for line in lines:
+        for line in mountinfo:
             pre, _, post = line.partition(" - ")
             fields, post_fields = pre.split(), post.split()
             if len(fields) < 5 or len(post_fields) < 3:
@@ -76,8 +85,9 @@ def hierarchies(controller: str = "cpuacct") -> list[Hierarchy]:
             rel = os.path.relpath(own, root) if own.startswith(root) else None
             if rel is None or rel.startswith(".."):
                 continue  # our cgroup is not below what this mount shows
-            found.append(Hierarchy(base=Path(mount) / ("" if rel == "." else rel), v2=v2))
-    return found
+            place = Path(mount) / ("" if rel == "." else rel)
+            found.extend(Hierarchy(base=base, v2=v2) for base in (place, *place.parents) if base.is_relative_to(mount))
+    return list(dict.fromkeys(found))
 
 
 def _usage_s(h: Hierarchy, path: Path) -> float:
@@ -192,11 +202,13 @@ class ExecutorCgroup:
         `counts_cpu`, `bounds_memory`); None when neither can."""
         name = f"fibray-{os.getpid()}-{next(_SERIAL)}"
         cg = cls(None, None)
+        mh = memory_hierarchy() if memory_bytes else None
         if cpu:
             h = h or hierarchy()
+            if h is not None and mh is not None and h.v2 and mh.v2:
+                h = mh  # on v2 a process sits in one cgroup, which must bound its memory too
             if h is not None and _mkdir(h.base / name):
                 cg.path, cg.h = h.base / name, h
-        mh = memory_hierarchy() if memory_bytes else None
         if mh is not None:
             where = mh.base / name
             shared = where == cg.path  # cgroup v2: one directory counts and bounds
