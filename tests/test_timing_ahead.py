@@ -4,8 +4,9 @@ The launches themselves run in benchmarks/timing_fidelity.py on a GPU."""
 from __future__ import annotations
 
 from fibray.timing import ahead
-from fibray.timing.ahead import (CHUNK_CALLS, DELAY_CAP_US, DELAY_PAD_US, FIRST_CHUNK_CALLS, GIVE_UP_AFTER,
-                                 HOST_MARGIN, QueuePlan, calls_per_chunk, choose_mode, sleep_us)
+from fibray.timing.ahead import (BACKLOG_TRUST, CHUNK_CALLS, DELAY_CAP_US, DELAY_PAD_US, FIRST_CHUNK_CALLS,
+                                 GIVE_UP_AFTER, HOST_MARGIN, Backlog, QueuePlan, calls_per_chunk, choose_mode,
+                                 sleep_us)
 
 
 def _chunks(plan: QueuePlan, host_us: float, ahead_: bool = True) -> list[tuple[int, float]]:
@@ -92,3 +93,34 @@ def test_a_callables_mode_is_remembered_in_the_process():
     assert ahead.previous_mode(kernel) == "device_sync"
     ahead.remember_mode(3, "device_sync")  # not weak-referenceable: no memory, no error
     assert ahead.previous_mode(3) is None
+
+
+def test_a_chunks_delay_only_makes_up_what_the_gpus_backlog_does_not_cover():
+    plan = QueuePlan(100, 40.0)
+    assert plan.next_chunk(backlog_us=100.0)[1] == sleep_us(40.0, FIRST_CHUNK_CALLS) - 100.0
+    assert plan.next_chunk(backlog_us=1e9)[1] == 0.0  # the GPU is busy for longer than the launch takes
+    assert plan.next_chunk(backlog_us=-5.0)[1] == sleep_us(40.0, CHUNK_CALLS)  # nothing known ahead
+
+
+def test_the_backlog_counts_delays_and_learned_calls_after_what_was_queued_before():
+    b = Backlog()
+    assert b.us(0) == 0.0
+    b.queued(launched_ns=0, end_ns=1_000_000, delay_us=2000.0, calls=8, ahead=True)
+    assert b.free_at == 2_000_000 and b.us(1_000_000) == 1000.0  # half the delay still to spin
+    b.learn(span_ms=0.8, calls=8)  # 100 us a call on the GPU
+    assert abs(b.per_call_us - BACKLOG_TRUST * 100.0) < 1e-9
+    b.queued(launched_ns=1_500_000, end_ns=3_000_000, delay_us=500.0, calls=32, ahead=True)
+    expected = 2_000_000 + (500.0 + 32 * BACKLOG_TRUST * 100.0) * 1e3  # behind the first chunk
+    assert abs(b.free_at - expected) <= 1
+    b.idle(now_ns=3_100_000)
+    assert b.us(3_100_000) == 0.0
+
+
+def test_once_the_gpu_caught_up_the_backlog_is_not_trusted_for_the_rest_of_the_pass():
+    b = Backlog()
+    b.learn(span_ms=3.2, calls=32)
+    b.queued(launched_ns=0, end_ns=10_000, delay_us=5000.0, calls=32, ahead=False)
+    assert b.us(0) == 0.0 and b.per_call_us == 0.0
+    b.learn(span_ms=3.2, calls=32)
+    b.queued(launched_ns=20_000, end_ns=30_000, delay_us=5000.0, calls=32, ahead=True)
+    assert b.us(20_000) == 0.0 and b.per_call_us == 0.0  # full delays from here on

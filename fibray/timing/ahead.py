@@ -44,9 +44,12 @@ def calls_per_chunk(host_us_per_call: float) -> int:
 
 class QueuePlan:
     """The chunks of one stream pass: next_chunk() gives (calls, delay us) until `total` calls are
-    planned; observe() feeds back the host's time to launch the chunk and whether the GPU was
-    still in the delay when the last call was queued (`ahead`: every call was queued before the
-    GPU reached it). A chunk the GPU caught up with doubles the estimate for the next."""
+    planned; observe() feeds back the host's time to launch the chunk and whether the GPU had not
+    yet reached the chunk's first call when its last call was queued (`ahead`: every call was
+    queued before the GPU reached it). A chunk the GPU caught up with doubles the estimate for the
+    next. A chunk's delay only makes up what the GPU's backlog does not already cover: the work
+    queued before it (the previous chunk's delay and calls) keeps the GPU busy while the host
+    launches, so back-to-back chunks pipeline instead of idling the GPU for every launch."""
 
     def __init__(self, total: int, host_us_per_call: float) -> None:
         self.total, self.host_us = total, max(host_us_per_call, 0.0)
@@ -54,14 +57,16 @@ class QueuePlan:
         self.delays = True
         self._stopped = False
 
-    def next_chunk(self) -> tuple[int, float] | None:
+    def next_chunk(self, backlog_us: float = 0.0) -> tuple[int, float] | None:
+        """The next chunk's calls and delay; `backlog_us`: a lower estimate of the GPU work already
+        queued and not yet done (0 where unknown: the whole delay)."""
         left = self.total - self.planned
         if left <= 0 or self._stopped:
             return None
         first = FIRST_CHUNK_CALLS if self.planned == 0 else CHUNK_CALLS
         calls = min(left, first, calls_per_chunk(self.host_us))
         self.planned += calls
-        return calls, (sleep_us(self.host_us, calls) if self.delays else 0.0)
+        return calls, (max(0.0, sleep_us(self.host_us, calls) - max(backlog_us, 0.0)) if self.delays else 0.0)
 
     def observe(self, calls: int, host_s: float, ahead: bool) -> None:
         measured = host_s * 1e6 / max(calls, 1)
@@ -78,6 +83,45 @@ class QueuePlan:
     def stop(self) -> None:
         """No further chunks (adaptive timing has settled)."""
         self._stopped = True
+
+
+BACKLOG_TRUST = 0.75
+"""A finished chunk's GPU time per call, times this, is what each later call is assumed to take at
+least (the backlog is a lower estimate: too low only lengthens a delay)."""
+
+
+class Backlog:
+    """A lower estimate of when (host clock, ns) the GPU will have done the work queued so far: a
+    chunk's delay spins at least its length after whatever was queued before it, and its calls take
+    at least what calls of a finished chunk took (BACKLOG_TRUST). Once the GPU caught up with a
+    chunk, the estimate is no longer trusted for the rest of the pass (full delays, as without it)."""
+
+    def __init__(self) -> None:
+        self.free_at = 0
+        self.per_call_us = 0.0
+        self.first = 0
+        """The first call of the last chunk queued (the timer's bookkeeping, for learn())."""
+        self.trusted = True
+
+    def us(self, now_ns: int) -> float:
+        """The GPU work still ahead at host time `now_ns` (us; 0 once untrusted)."""
+        return max(0.0, (self.free_at - now_ns) / 1e3) if self.trusted else 0.0
+
+    def queued(self, launched_ns: int, end_ns: int, delay_us: float, calls: int, ahead: bool) -> None:
+        """A chunk was queued: its delay launched at `launched_ns`, its last call by `end_ns`."""
+        if not ahead:
+            self.free_at, self.per_call_us, self.trusted = end_ns, 0.0, False
+            return
+        self.free_at = max(launched_ns, self.free_at) + int((delay_us + self.per_call_us * calls) * 1e3)
+
+    def learn(self, span_ms: float, calls: int) -> None:
+        """A finished chunk of `calls` calls spanned `span_ms` on the GPU (first start to last end)."""
+        if self.trusted and calls > 0 and span_ms > 0:
+            self.per_call_us = BACKLOG_TRUST * span_ms * 1e3 / calls
+
+    def idle(self, now_ns: int) -> None:
+        """The host waited for the GPU: nothing is queued any more."""
+        self.free_at = min(self.free_at, now_ns)
 
 
 def choose_mode(stream_ms: float, device_ms: float, previous: str | None = None) -> str:

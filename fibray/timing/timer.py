@@ -5,6 +5,8 @@ and uses its own pair of events on the current stream. The calls are timed in ch
 queued behind a GPU delay (a spin kernel) sized from the host's measured launch cost, so that
 every call of a chunk is in the queue before the GPU reaches it: the events take GPU time,
 not Python's launch (fibray.timing.ahead; a guard event checks it, Timing.queued counts it).
+A chunk's delay is shortened by the GPU work still queued ahead of it (a lower estimate, from
+the delays and the calls of chunks already finished), so the chunks pipeline.
 Work a candidate hides on another stream would escape those events, so a second, shorter pass
 synchronises the whole device before each end mark (each call behind its own delay); its fixed
 cost (measured once per process and device on an empty call, the same way) is subtracted, and
@@ -26,7 +28,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from fibray.timing.ahead import QueuePlan, choose_mode, sleep_us
+from fibray.timing.ahead import Backlog, QueuePlan, choose_mode, sleep_us
 from fibray.timing.ahead import previous_mode as _previous_mode
 from fibray.timing.ahead import remember_mode as _remember_mode
 
@@ -239,10 +241,12 @@ def _stream_pass(fn, arg_sets, total, flush, before_each, host_us: float, rate: 
     starts, ends = _events(total)
     guards = _guard_events()
     plan = QueuePlan(total, host_us)
+    backlog = Backlog()
     seen: list[float] = []
     done = 0
-    while (step := plan.next_chunk()) is not None:
+    while (step := plan.next_chunk(backlog.us(_perf_counter_ns()))) is not None:
         calls, delay_us = step
+        launched = _perf_counter_ns()
         _delay(delay_us, rate)
         _record(guards[0])
         t0 = _perf_counter_ns()
@@ -257,10 +261,16 @@ def _stream_pass(fn, arg_sets, total, flush, before_each, host_us: float, rate: 
             _record(starts[i])
             fn(*arg_sets[i % n])
             _record(ends[i])
-        host_s = (_perf_counter_ns() - t0) / 1e9
-        plan.observe(calls, host_s, ahead=delay_us > 0 and not _query(guards[0]))
+        end = _perf_counter_ns()
+        ahead = not _query(guards[0])  # the GPU had not reached the chunk's first call when its last was queued
+        plan.observe(calls, (end - t0) / 1e9, ahead)
+        backlog.queued(launched, end, delay_us, calls, ahead)
+        if done and _query(ends[done - 1]):  # the chunk before is done: its GPU time per call
+            backlog.learn(_elapsed(starts[backlog.first], ends[done - 1]), done - backlog.first)
+        backlog.first = done
         if adaptive:  # reads each chunk's times before deciding on the next
             _synchronize()
+            backlog.idle(_perf_counter_ns())
             seen.extend(_elapsed(starts[i], ends[i]) for i in range(done, done + calls))
             if _settled(seen):
                 plan.stop()
