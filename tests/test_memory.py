@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from fibray.evaluate.memory import (
-    GUARD_BYTES, GUARD_PATTERN, HostRegion, JobMemory, apply_bump, bump_groups, judged_calls, plan_layout, sample_size,
+    GUARD_BYTES, GUARD_PATTERN, HostRegion, InputChanges, JobMemory, judged_calls, plan_layout, sample_size,
 )
 from fibray.schema import Definition, EvalSettings, Job, Solution, Workload
 
@@ -89,15 +89,53 @@ def test_guards_poison_and_input_checks_run_on_the_supervisors_mapping():
     mem.close()
 
 
-def test_the_change_before_a_timed_call_touches_every_row_of_every_float_input():
-    x = torch.zeros(6, 4)
-    w = torch.zeros(4, dtype=torch.bfloat16)
-    q = torch.zeros(3, 2).to(torch.float8_e4m3fn)
-    idx = torch.zeros(6, dtype=torch.int64)
-    apply_bump(bump_groups([x, w, q, idx, 3.0], offset=6))
-    assert (x != 0).sum(1).tolist() == [1] * 6 and x[:, 2].tolist() == [1.0] * 6
-    assert (w != 0).sum() == 1 and (q.view(torch.uint8) != 0).sum(1).tolist() == [1, 1, 1]
-    assert not idx.any()  # structured (integer) inputs are never changed
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.float8_e4m3fn,
+                                   torch.float8_e5m2])
+def test_the_change_before_a_timed_call_flips_a_dense_random_half_of_every_float_input(dtype):
+    """Every row changes, about half the elements, each by 6-25% within its binade; zeros,
+    infinities, NaNs and fp8 e4m3's largest value never; integer inputs never; the same seed makes
+    the same change on another copy (the supervisor's), and a set never returns to a state it held."""
+    torch.manual_seed(0)
+    x = (torch.randn(64, 96) * 4).to(dtype)
+    special = [0.0, float("nan"), 448.0, -448.0] if dtype == torch.float8_e4m3fn else \
+        [0.0, float("inf"), float("-inf"), float("nan")]  # e4m3fn has no infinity; a flip of 448 is NaN
+    x[:, :len(special)] = torch.tensor(special).to(dtype)
+    idx = torch.arange(64)
+    twin = [x.clone(), idx.clone()]
+    args = [x, idx, 3.0]
+    ours, theirs = InputChanges(args), InputChanges(twin)
+    bits = {1: torch.uint8, 2: torch.int16, 4: torch.int32}[x.element_size()]
+    seen = {x.view(bits).numpy().tobytes()}
+    before = x.clone()
+    for seed in (11, 12, 13):
+        ours.apply(seed)
+        theirs.apply(seed)
+        assert torch.equal(x.view(bits), twin[0].view(bits))  # the supervisor's copy: same bytes
+        state = x.view(bits).numpy().tobytes()
+        assert state not in seen
+        seen.add(state)
+    diff = (before.view(bits) ^ x.view(bits))
+    body = diff[:, len(special):]
+    assert len(set(diff.unique().tolist()) - {0}) == 1  # one mantissa bit, the same everywhere
+    normal = (before.float().abs() >= torch.finfo(dtype).tiny)[:, len(special):] & (body != 0)
+    rel = ((x.float() - before.float()).abs() / before.float().abs())[:, len(special):][normal]
+    assert rel.min() >= 0.06 and rel.max() <= 0.26  # far outside a tolerance, inside the binade (subnormals
+    # move by less than the smallest normal)
+    assert torch.equal(x.float().sign()[:, len(special):][normal], before.float().sign()[:, len(special):][normal])
+    assert (body != 0).any(1).all()  # every row
+    assert 0.4 < (body != 0).float().mean() < 0.6  # flipped an odd number of times in three: half
+    assert not diff[:, :len(special)].any()  # zeros, infinities, NaNs (and e4m3's largest) as they were
+    assert torch.equal(idx, torch.arange(64))  # structured (integer) inputs are never changed
+
+
+def test_a_candidate_that_updates_its_last_answer_for_what_changed_must_compute_in_full():
+    """Between two uses of a set, the inputs of a matmul differ in most columns of most rows: no
+    low-rank update of the previous answer is exact (the attack of offender_incremental_update)."""
+    a, b = torch.randn(32, 256), torch.randn(16, 256)
+    changes = InputChanges([a, b])
+    before_a, before_b = a.clone(), b.clone()
+    changes.apply(5)
+    assert (a != before_a).any(0).float().mean() > 0.9 and (b != before_b).any(0).float().mean() > 0.9
 
 
 def _job(src: str, dps: bool = True) -> Job:
@@ -176,8 +214,8 @@ def test_inputs_left_unchanged_by_a_rebound_executor_timer_fail_the_timing(monke
     differ from what the changes leave."""
     import fibray.evaluate.candidate as fc
 
-    monkeypatch.setattr(fc, "apply_bump", fc.apply_bump)  # in this one process: undone after the test
-    src = ("import fibray.evaluate.candidate as fc\nfc.apply_bump = lambda groups: None\n"
+    monkeypatch.setattr(fc, "_change_inputs", fc._change_inputs)  # in this one process: undone after the test
+    src = ("import fibray.evaluate.candidate as fc\nfc._change_inputs = lambda changes, seed: None\n"
            "def run(x, k, y):\n    y.copy_(x * k)\n")
     ev = _evaluate(src)
     assert (ev.status.value, ev.reason) == ("INCORRECT_NUMERICAL", "mutated_inputs"), ev.log

@@ -22,7 +22,7 @@ from pydantic import BaseModel, ConfigDict, ValidationInfo, field_validator
 from fibray.compile import BuildCache, BuildError, DeviceRequired, Runnable, bind, format_raised, raised_type
 from fibray.check import collect_draws, draw_plan
 from fibray.evaluate.inputs import allocate_outputs, materialize, torch_dtype
-from fibray.evaluate.memory import Layout, Region, apply_bump, args_of, bump_groups, outputs_of
+from fibray.evaluate.memory import InputChanges, Layout, Region, args_of, outputs_of
 from fibray.evaluate.phases import Phases
 from fibray.schema.reasons import Reason
 from fibray.schema import Definition, EvaluationStatus, Job, SafetensorsInput
@@ -35,6 +35,7 @@ _storage_nbytes = torch.UntypedStorage.nbytes
 _sync = torch.cuda.synchronize
 _isinstance = isinstance
 _type = type
+_change_inputs = InputChanges.apply
 _Tensor = torch.Tensor
 
 
@@ -85,11 +86,11 @@ class TimeResult(BaseModel):
 
 
 class TimingPlan(BaseModel):
-    """What the supervisor decides about a timing: calls per input set, and the secret column each
-    timed call changes in every row of every floating-point input of its set."""
+    """What the supervisor decides about a timing: calls per input set, and the secret seed of the
+    change each timed call makes to its set first (fibray.evaluate.memory.InputChanges)."""
 
     iterations: int
-    offsets: list[int]
+    seeds: list[int]
     """One per timed call, both passes (calls_after_warmup)."""
 
 
@@ -111,7 +112,9 @@ class _Plan:
     arg_sets: list[list[Any]]
     iterations: int
     calls: int
-    bumps: list[list[tuple[list[torch.Tensor], Any]]]
+    changes: list[InputChanges]
+    """One per input set."""
+    seeds: list[int]
     outs: list[list[torch.Tensor]]
     snaps: list[list[torch.Tensor]]
 
@@ -350,20 +353,20 @@ class CandidateRunner:
         layout, region = self._regions[job.job_id]
         runnable = bind(self.builds.get(job.solution), job.definition)
         arg_sets = [args_of(region, row) for row in layout.inputs]
-        calls = len(timing.offsets)
-        bumps = [bump_groups(arg_sets[i % len(arg_sets)], timing.offsets[i]) for i in range(calls)]
+        calls = len(timing.seeds)
+        changes = [InputChanges(a) for a in arg_sets]
         outs = [outputs_of(region, layout.outputs[k]) for k in layout.timed]
         snaps = [outputs_of(region, layout.outputs[k]) for k in layout.snapshots]
         if runnable.destination_passing_style:
             scratch = outputs_of(region, layout.outputs[layout.scratch])
             arg_sets = [[*a, *scratch] for a in arg_sets]
-        self._plans[job.job_id] = _Plan(runnable, arg_sets, timing.iterations, calls, bumps, outs, snaps)
+        self._plans[job.job_id] = _Plan(runnable, arg_sets, timing.iterations, calls, changes, timing.seeds, outs, snaps)
         if self.device.type == "cuda":
             _sync(self.device)
 
     def time(self, job: Job) -> TimeResult:
-        """Time the candidate: before timed call i (untimed) the columns of call i change in its input
-        set and its own output buffers go in place; as call i+1 is prepared, call i's outputs are
+        """Time the candidate: before timed call i (untimed) its input set changes (InputChanges, from
+        call i's seed) and its own output buffers go in place; as call i+1 is prepared, call i's outputs are
         copied where the supervisor reads them (a value-returning call's result; a DPS call's buffers
         into their snapshot, on a CPU), so that what the supervisor judges is what existed at the end mark."""
         plan = self._plans[job.job_id]  # kept: a timing the supervisor doubts is run again
@@ -392,7 +395,7 @@ class CandidateRunner:
             if called:
                 store(called[-1])
             called.append(i)
-            apply_bump(plan.bumps[i])
+            _change_inputs(plan.changes[i % n_sets], plan.seeds[i])
             if dps:
                 plan.arg_sets[i % n_sets][n_in:] = plan.outs[i % k]
 

@@ -20,7 +20,7 @@ from fibray.check import CheckResult, Draws, Tolerance, checker_for, judge_calls
 from fibray.check.base import structural
 from fibray.evaluate.memory import (
     TIMED_OUTPUT_BYTES, TIMING_BUDGET_BYTES, TIMING_MAX_SETS, GUARD_BYTES, JobMemory, LocalRegion, Region,
-    apply_bump, bump_groups, draw_offsets, judged_calls, plan_layout, sample_size,
+    InputChanges, draw_seeds, judged_calls, plan_layout, sample_size,
 )
 from fibray.evaluate.inputs import BlobCache, clone_args, job_inputs, torch_dtype
 from fibray.schema.reasons import Reason
@@ -57,8 +57,8 @@ class _WorkloadState:
     nbytes: int = 0
     extra: list[list[Any]] = field(default_factory=list)
     """Further input sets for timing (trial indices past the re-check set)."""
-    offsets: list[int] = field(default_factory=list)
-    """The secret column each timed call changes (drawn once per workload, here, never by an executor)."""
+    seeds: list[int] = field(default_factory=list)
+    """The secret seed of each timed call's input change (drawn once per workload, here, never by an executor)."""
     timed: dict[tuple, _Timed] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -71,7 +71,7 @@ class _JobPlan:
     iterations: int
     calls: int
     """Timed calls planned (both passes); an adaptive timing makes fewer."""
-    offsets: list[int]
+    seeds: list[int]
 
 
 def _nbytes(args: list[Any]) -> int:
@@ -198,10 +198,10 @@ class Judge:
             mem.close()
             raise
         with state.lock:
-            while len(state.offsets) < calls:
-                state.offsets.extend(draw_offsets(calls - len(state.offsets)))
-            offsets = state.offsets[:calls]
-        return mem, _JobPlan(sets=len(sets), iterations=iterations, calls=calls, offsets=offsets)
+            while len(state.seeds) < calls:
+                state.seeds.extend(draw_seeds(calls - len(state.seeds)))
+            seeds = state.seeds[:calls]
+        return mem, _JobPlan(sets=len(sets), iterations=iterations, calls=calls, seeds=seeds)
 
     def _materialise_set(self, job: Job, trial: int) -> list[Any]:
         return job_inputs(job, trial, self.device, self.blobs)
@@ -217,10 +217,11 @@ class Judge:
             ref = self._reference(job.definition)
             judged = set(judged_calls(called, buffers).values())
             work = [clone_args(a) for a in sets]
+            changes = [InputChanges(a) for a in work]
             refs: dict[int, list[torch.Tensor]] = {}
             for i in called:
                 args = work[i % len(work)]
-                apply_bump(bump_groups(args, state.offsets[i]))
+                changes[i % len(work)].apply(state.seeds[i])
                 if i in judged:
                     with torch.no_grad():
                         out = normalize_outputs(ref(*clone_args(args)), job.definition)

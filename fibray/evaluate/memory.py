@@ -25,7 +25,7 @@ _ALIGN = 512
 TIMING_BUDGET_BYTES = 1 << 30
 """Distinct input sets kept for timing: at most this many bytes..."""
 TIMING_MAX_SETS = 16
-"""...and this many sets; revisited sets are changed (every row) before each timed call."""
+"""...and this many sets; revisited sets are changed (InputChanges: dense, never repeating) before each timed call."""
 TIMED_OUTPUT_BYTES = 1 << 30
 """Output buffers of timed calls: each timed call writes its own buffers while they fit in this."""
 WRONG_ONE_IN = 8
@@ -34,7 +34,6 @@ MISS_PROBABILITY = 1e-3
 """...passes a job with at most this probability (see sample_size)."""
 
 _torch_equal = torch.equal
-_foreach_add = torch._foreach_add_
 
 
 def sample_size(n: int, one_in: int = WRONG_ONE_IN, miss: float = MISS_PROBABILITY) -> int:
@@ -265,28 +264,53 @@ def outputs_of(region: Region, row: list[Place]) -> list[torch.Tensor]:
 # --------------------------------------------------------------------------------------------
 # changing inputs between timed calls (both sides run this same code on their own copy)
 # --------------------------------------------------------------------------------------------
-def bump_groups(args: list[Any], offset: int) -> list[tuple[list[torch.Tensor], Any]]:
-    """One column of every row of every floating-point input (rows: the last dimension), column
-    `offset` mod its width, grouped by dtype so that one fused add per group changes them. fp8 has
-    no arithmetic in torch: its values change through their bytes (+1 in the lowest bits)."""
-    groups: dict[torch.dtype, list[torch.Tensor]] = {}
-    for a in args:
-        if not isinstance(a, torch.Tensor) or not a.is_floating_point() or not a.numel():
-            continue
-        t = a.view(torch.uint8) if a.dtype in FP8_DTYPES else a
-        rows = t.reshape(-1, t.shape[-1]) if t.dim() else t.reshape(1, 1)
-        groups.setdefault(rows.dtype, []).append(rows[:, offset % rows.shape[1]])
-    return [(views, 1 if dtype == torch.uint8 else 1.0) for dtype, views in groups.items()]
+_BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
-def apply_bump(groups: list[tuple[list[torch.Tensor], Any]]) -> None:
-    for views, one in groups:
-        _foreach_add(views, one)
+FLIP_WEIGHT = 3
+"""The mantissa bit an input change flips: the one worth 2**-FLIP_WEIGHT of its value's binade,
+so a flipped value moves by 6-12.5% (25% in fp8 e5m2, whose mantissa is two bits): far outside any
+tolerance, so an output computed on the previous values is wrong, yet in the same binade and sign."""
 
 
-def draw_offsets(n: int) -> list[int]:
-    """Secret columns for n timed calls, drawn by the supervisor and sent only when timing starts."""
-    return [secrets.randbelow(1 << 30) for _ in range(n)]
+class InputChanges:
+    """The change made to one input set before each of its timed calls: in every floating-point
+    input, one mantissa bit (FLIP_WEIGHT) of a random half of the elements flips (an XOR), the half
+    drawn from the call's secret seed. Every row changes, densely and without structure, by far more
+    than a tolerance: a candidate that returns an earlier answer, caches by a fingerprint, or
+    patches its last answer for what changed is wrong or computes in full. Values keep their sign
+    and binade, and a set never comes back to a state it held in practice (2**(n/2) states).
+    Zeros, infinities, NaNs and values whose flip would leave the finite range (fp8 e4m3's
+    largest) never change; integer inputs never do. Both sides run this same code: the executor on
+    the candidate's region, the supervisor on its own copy."""
+
+    def __init__(self, args: list[Any]) -> None:
+        self._parts: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
+        for a in args:
+            if not isinstance(a, torch.Tensor) or not a.is_floating_point() or not a.numel():
+                continue
+            bits = a.view(_BITS[a.element_size()])
+            mantissa = round(-math.log2(torch.finfo(a.dtype).eps))
+            flip = 1 << max(0, mantissa - FLIP_WEIGHT)
+            value = a.float()  # fp8 has no isfinite of its own
+            flipped = torch.bitwise_xor(bits, flip).view(a.dtype).float()
+            keep = (value != 0) & value.isfinite() & flipped.isfinite()
+            self._parts.append((bits, keep.to(bits.dtype) * flip, torch.empty_like(bits)))
+        self._gen = torch.Generator(device=self._parts[0][0].device) if self._parts else None
+
+    def apply(self, seed: int) -> None:
+        if self._gen is None:
+            return
+        self._gen.manual_seed(seed)
+        for bits, flips, draw in self._parts:
+            draw.random_(0, 2, generator=self._gen)
+            draw.mul_(flips)
+            bits.bitwise_xor_(draw)
+
+
+def draw_seeds(n: int) -> list[int]:
+    """Secret seeds of the input changes of n timed calls, drawn by the supervisor and sent only when timing starts."""
+    return [secrets.randbits(63) for _ in range(n)]
 
 
 # --------------------------------------------------------------------------------------------

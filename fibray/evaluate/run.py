@@ -137,7 +137,7 @@ def _bounded_time(job: Job, judge: Judge, calls, mem: JobMemory, sets: list[list
     def again() -> None:
         for j, values in enumerate(sets):
             mem.write_inputs(j, values)
-        calls.prepare_time(job, TimingPlan(iterations=plan.iterations, offsets=plan.offsets))
+        calls.prepare_time(job, TimingPlan(iterations=plan.iterations, seeds=plan.seeds))
         mem.prepare_outputs([mem.layout.scratch, *mem.layout.timed, *mem.layout.snapshots])
         mem.settle()
 
@@ -173,7 +173,7 @@ def _protocol(job: Job, judge: Judge, calls, phase: Phases, gpu, state: _Workloa
         if not untouched.ok:
             return judge.failed(job, untouched)
         with phase("timing_prep"):
-            calls.prepare_time(job, TimingPlan(iterations=plan.iterations, offsets=plan.offsets))
+            calls.prepare_time(job, TimingPlan(iterations=plan.iterations, seeds=plan.seeds))
         with gpu.hold(phase, "check"):
             # poisoned again after the candidate's process had its views: nothing written ahead survives
             mem.prepare_outputs([layout.scratch, *layout.timed, *layout.snapshots])

@@ -214,7 +214,7 @@ class CalibrationSide:
         mem, plan = self.judge.open(job, self.judge.state(job))
         self._memory[job.job_id] = mem
         self.calls.attach(job, mem.layout, mem.region)
-        self.calls.prepare_time(job, TimingPlan(iterations=plan.iterations, offsets=plan.offsets))
+        self.calls.prepare_time(job, TimingPlan(iterations=plan.iterations, seeds=plan.seeds))
 
     def time(self, job: Job) -> Timing:
         try:
