@@ -217,7 +217,8 @@ class Judge:
             ref = self._reference(job.definition)
             judged = set(judged_calls(called, buffers).values())
             work = [clone_args(a) for a in sets]
-            changes = [InputChanges(a) for a in work]
+            draws: dict = {}
+            changes = [InputChanges(a, draws) for a in work]
             refs: dict[int, list[torch.Tensor]] = {}
             for i in called:
                 args = work[i % len(work)]

@@ -284,7 +284,9 @@ class InputChanges:
     largest) never change; integer inputs never do. Both sides run this same code: the executor on
     the candidate's region, the supervisor on its own copy."""
 
-    def __init__(self, args: list[Any]) -> None:
+    def __init__(self, args: list[Any], draws: Optional[dict[tuple, torch.Tensor]] = None) -> None:
+        """`draws`: scratch for the random draws, shared by the sets of one timing (one per shape)."""
+        draws = {} if draws is None else draws
         self._parts: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
         for a in args:
             if not isinstance(a, torch.Tensor) or not a.is_floating_point() or not a.numel():
@@ -295,7 +297,10 @@ class InputChanges:
             value = a.float()  # fp8 has no isfinite of its own
             flipped = torch.bitwise_xor(bits, flip).view(a.dtype).float()
             keep = (value != 0) & value.isfinite() & flipped.isfinite()
-            self._parts.append((bits, keep.to(bits.dtype) * flip, torch.empty_like(bits)))
+            key = (bits.dtype, tuple(bits.shape), str(bits.device))
+            if key not in draws:
+                draws[key] = torch.empty_like(bits)
+            self._parts.append((bits, keep.to(bits.dtype) * flip, draws[key]))
         self._gen = torch.Generator(device=self._parts[0][0].device) if self._parts else None
 
     def apply(self, seed: int) -> None:
