@@ -354,8 +354,7 @@ class CandidateRunner:
         runnable = bind(self.builds.get(job.solution), job.definition)
         arg_sets = [args_of(region, row) for row in layout.inputs]
         calls = len(timing.seeds)
-        draws: dict = {}
-        changes = [InputChanges(a, draws) for a in arg_sets]
+        changes = InputChanges.of_sets(arg_sets)
         outs = [outputs_of(region, layout.outputs[k]) for k in layout.timed]
         snaps = [outputs_of(region, layout.outputs[k]) for k in layout.snapshots]
         if runnable.destination_passing_style:

@@ -217,8 +217,7 @@ class Judge:
             ref = self._reference(job.definition)
             judged = set(judged_calls(called, buffers).values())
             work = [clone_args(a) for a in sets]
-            draws: dict = {}
-            changes = [InputChanges(a, draws) for a in work]
+            changes = InputChanges.of_sets(work)
             refs: dict[int, list[torch.Tensor]] = {}
             for i in called:
                 args = work[i % len(work)]

@@ -284,8 +284,13 @@ class InputChanges:
     largest) never change; integer inputs never do. Both sides run this same code: the executor on
     the candidate's region, the supervisor on its own copy."""
 
+    @classmethod
+    def of_sets(cls, sets: list[list[Any]]) -> list["InputChanges"]:
+        """One per input set of a timing, sharing one scratch for the random draws per input shape."""
+        draws: dict[tuple, torch.Tensor] = {}
+        return [cls(a, draws) for a in sets]
+
     def __init__(self, args: list[Any], draws: Optional[dict[tuple, torch.Tensor]] = None) -> None:
-        """`draws`: scratch for the random draws, shared by the sets of one timing (one per shape)."""
         draws = {} if draws is None else draws
         self._parts: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
         for a in args:
