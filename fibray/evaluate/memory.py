@@ -16,7 +16,7 @@ from typing import Any, Optional, Protocol
 import torch
 from pydantic import BaseModel, ConfigDict
 
-from fibray.evaluate.inputs import FP8_DTYPES, poison_
+from fibray.evaluate.inputs import poison_
 
 GUARD_BYTES = 4096
 """Bytes before and after every output buffer that must come back unchanged."""
