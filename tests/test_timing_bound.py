@@ -53,6 +53,17 @@ def test_an_honest_cpu_report_with_a_long_tail_is_within_the_bound():
     check_report(Timing(samples, "wall_clock"), wall, S, OVERHEAD, "cpu")
 
 
+def test_work_moved_into_one_cpu_sample_is_not_explained_by_it():
+    """Every call's answer computed in the first timed call (10 x 10 ms), copies in the rest (0.5 ms):
+    the sum of the samples is the wall, the median a copy. A sample explains SAMPLE_CAP medians at most."""
+    samples = [100.5] + [0.5] * 9
+    wall = (sum(samples) + 0.5) / 1e3 + OVERHEAD.fixed_s + 11 * OVERHEAD.per_call_s
+    assert wall <= 2 * (sum(samples) + 0.5) / 1e3 + 0.05  # what the sum alone would explain
+    with pytest.raises(BoundBroken) as e:
+        check_report(Timing(samples, "wall_clock"), wall, S, OVERHEAD, "cpu")
+    assert e.value.reason == "timing_below_observed"
+
+
 GPU = EvalSettings(warmup=10, iterations=50, trials=3)
 H200_OVERHEAD = Overhead(fixed_s=0.22e-3, per_call_s=35e-6)  # a slot's calibration on the H200 (RESULTS.md)
 

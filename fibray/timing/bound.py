@@ -47,6 +47,11 @@ supervisor's clock shows (host_bound_timing: never below it, whatever the report
 report can gain from it; a broken window with an idle executor (it waited, asleep, for work it
 hid or for a timer it slowed) stays a verdict. On a CPU slot the clock is already the executor's
 own time and a broken bound is always a verdict."""
+SAMPLE_CAP = 4.0
+"""On a CPU slot, the most medians of wall one sample explains. An honest tail (a call preempted or
+forking on a loaded host) is explained up to it; work moved into a few calls is not: a candidate
+that computes every timed call's answer in its first one and copies them in the rest reports the
+median of its copies, and the sum of its samples would explain the wall that work took."""
 BOUND_ATTEMPTS = 3
 """Timing requests made before a broken bound is a verdict. A lie breaks every one of them; an
 honest kernel beside a busy neighbour (two lanes of a two-core CI host) broke two in a row."""
@@ -152,16 +157,18 @@ def calls_held(samples: list, s: EvalSettings, device_type: str) -> int:
 
 def explained_s(overhead: Overhead, s: EvalSettings, samples: list[float], device_type: str) -> float:
     """The longest wall a timing reported as `samples` can honestly take, before the margin. On a
-    GPU slot, max_calls calls at the report's median. On a CPU slot, the samples themselves (an
-    honest report's tail is in its wall too: a call that forks, on a loaded host, reported a 10 ms
-    median and took 32 ms a call) and the warm-up at their median, over calls_held calls: holding a
-    CPU report to max_calls at its median let a 20x lie (11 calls of at most 27) pass under load."""
+    GPU slot, max_calls calls at the report's median. On a CPU slot, the samples themselves, each up
+    to SAMPLE_CAP medians (an honest report's tail is in its wall too: a call that forks, on a loaded
+    host, reported a 10 ms median and took 32 ms a call), and the warm-up at their median, over
+    calls_held calls: holding a CPU report to max_calls at its median let a 20x lie (11 calls of at
+    most 27) pass under load."""
     median_s = _median(samples) / 1e3
     calls = calls_held(samples, s, device_type)
     fixed = overhead.fixed_s + calls * (overhead.per_call_s + _launch_s(device_type))
     if device_type == "cuda":
         return fixed + calls * median_s
-    return fixed + sum(samples) / 1e3 + (calls - len(samples)) * median_s
+    cap_ms = SAMPLE_CAP * median_s * 1e3
+    return fixed + sum(min(v, cap_ms) for v in samples) / 1e3 + (calls - len(samples)) * median_s
 
 
 def check_report(timing: Any, wall_s: float, s: EvalSettings, overhead: Overhead, device_type: str) -> None:
