@@ -86,12 +86,14 @@ class TimeResult(BaseModel):
 
 
 class TimingPlan(BaseModel):
-    """What the supervisor decides about a timing: calls per input set, and the secret seed of the
-    change each timed call makes to its set first (fibray.evaluate.memory.InputChanges)."""
+    """What the supervisor decides about a timing before it starts: calls per input set, and how many
+    timed calls (both passes: calls_after_warmup) it plans. The secret seed of the change each timed
+    call makes to its set first (fibray.evaluate.memory.InputChanges) comes only with the timing
+    request itself, new for each attempt: no candidate code runs between the seeds' arrival and the
+    supervisor's clock, and a timing run again changes its inputs in a way the first did not show."""
 
     iterations: int
-    seeds: list[int]
-    """One per timed call, both passes (calls_after_warmup)."""
+    calls: int
 
 
 def _failure(status: str, reason: str, log: str) -> TrialOutput:
@@ -115,6 +117,7 @@ class _Plan:
     changes: list[InputChanges]
     """One per input set."""
     seeds: list[int]
+    """Set by each timing request."""
     outs: list[list[torch.Tensor]]
     snaps: list[list[torch.Tensor]]
 
@@ -353,23 +356,26 @@ class CandidateRunner:
         layout, region = self._regions[job.job_id]
         runnable = bind(self.builds.get(job.solution), job.definition)
         arg_sets = [args_of(region, row) for row in layout.inputs]
-        calls = len(timing.seeds)
+        calls = timing.calls
         changes = InputChanges.of_sets(arg_sets)
         outs = [outputs_of(region, layout.outputs[k]) for k in layout.timed]
         snaps = [outputs_of(region, layout.outputs[k]) for k in layout.snapshots]
         if runnable.destination_passing_style:
             scratch = outputs_of(region, layout.outputs[layout.scratch])
             arg_sets = [[*a, *scratch] for a in arg_sets]
-        self._plans[job.job_id] = _Plan(runnable, arg_sets, timing.iterations, calls, changes, timing.seeds, outs, snaps)
+        self._plans[job.job_id] = _Plan(runnable, arg_sets, timing.iterations, calls, changes, [], outs, snaps)
         if self.device.type == "cuda":
             _sync(self.device)
 
-    def time(self, job: Job) -> TimeResult:
+    def time(self, job: Job, seeds: list[int]) -> TimeResult:
         """Time the candidate: before timed call i (untimed) its input set changes (InputChanges, from
-        call i's seed) and its own output buffers go in place; as call i+1 is prepared, call i's outputs are
+        call i's seed, `seeds[i]`, one per planned call) and its own output buffers go in place; as call i+1 is prepared, call i's outputs are
         copied where the supervisor reads them (a value-returning call's result; a DPS call's buffers
         into their snapshot, on a CPU), so that what the supervisor judges is what existed at the end mark."""
         plan = self._plans[job.job_id]  # kept: a timing the supervisor doubts is run again
+        if len(seeds) != plan.calls:
+            raise ValueError(f"a timing request carries {len(seeds)} seeds for {plan.calls} planned calls")
+        plan.seeds = list(seeds)
         s, dps, k = job.settings, plan.runnable.destination_passing_style, len(plan.outs)
         n_in, n_sets = len(job.definition.inputs), len(plan.arg_sets)
         last: list[Any] = [None]

@@ -15,7 +15,7 @@ from typing import Any, Callable, Optional
 import torch
 
 from fibray.compile import bound_log, build_reference
-from fibray.evaluate.candidate import TimeResult, TrialOutput, normalize_outputs
+from fibray.evaluate.candidate import TimeResult, TimingPlan, TrialOutput, normalize_outputs
 from fibray.check import CheckResult, Draws, Tolerance, checker_for, judge_calls, wants_draws
 from fibray.check.base import structural
 from fibray.evaluate.memory import (
@@ -29,6 +29,7 @@ from fibray.schema import (
 )
 from fibray.evaluate.phases import now_iso
 from fibray.timing import LatencyStats, Timing, time_calls
+from fibray.timing.bound import BOUND_ATTEMPTS
 from fibray.timing.roofline import DeviceCaps, below_floor, device_caps
 from fibray.timing.timer import calls_after_warmup
 
@@ -57,8 +58,9 @@ class _WorkloadState:
     nbytes: int = 0
     extra: list[list[Any]] = field(default_factory=list)
     """Further input sets for timing (trial indices past the re-check set)."""
-    seeds: list[int] = field(default_factory=list)
-    """The secret seed of each timed call's input change (drawn once per workload, here, never by an executor)."""
+    seeds: list[list[int]] = field(default_factory=list)
+    """Per timing attempt (a retry after a broken bound is the next), the secret seed of each timed
+    call's input change: drawn once per workload, here, never by an executor."""
     timed: dict[tuple, _Timed] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -71,7 +73,11 @@ class _JobPlan:
     iterations: int
     calls: int
     """Timed calls planned (both passes); an adaptive timing makes fewer."""
-    seeds: list[int]
+    seeds: list[list[int]]
+    """Per attempt (BOUND_ATTEMPTS), one per planned call: sent with that attempt's timing request."""
+
+    def timing(self) -> TimingPlan:
+        return TimingPlan(iterations=self.iterations, calls=self.calls)
 
 
 def _nbytes(args: list[Any]) -> int:
@@ -198,19 +204,23 @@ class Judge:
             mem.close()
             raise
         with state.lock:
-            while len(state.seeds) < calls:
-                state.seeds.extend(draw_seeds(calls - len(state.seeds)))
-            seeds = state.seeds[:calls]
+            while len(state.seeds) < BOUND_ATTEMPTS:
+                state.seeds.append([])
+            for drawn in state.seeds:
+                drawn.extend(draw_seeds(calls - len(drawn)))
+            seeds = [drawn[:calls] for drawn in state.seeds]
         return mem, _JobPlan(sets=len(sets), iterations=iterations, calls=calls, seeds=seeds)
 
     def _materialise_set(self, job: Job, trial: int) -> list[Any]:
         return job_inputs(job, trial, self.device, self.blobs)
 
-    def _timed(self, job: Job, state: _WorkloadState, mem: JobMemory, sets: list[list[Any]], called: list[int]) -> _Timed:
+    def _timed(self, job: Job, state: _WorkloadState, mem: JobMemory, sets: list[list[Any]], called: list[int],
+               attempt: int) -> _Timed:
         """The reference of every judged timed call, computed here on this side's own copy of the
-        input sets changed exactly as the calls made must have changed them (cached per workload)."""
+        input sets changed exactly as the calls made under `attempt`'s seeds must have changed them
+        (cached per workload)."""
         buffers = len(mem.layout.timed)
-        key = (len(sets), buffers, tuple(called))
+        key = (len(sets), buffers, tuple(called), attempt)
         with state.lock:
             if key in state.timed:
                 return state.timed[key]
@@ -221,7 +231,7 @@ class Judge:
             refs: dict[int, list[torch.Tensor]] = {}
             for i in called:
                 args = work[i % len(work)]
-                changes[i % len(work)].apply(state.seeds[i])
+                changes[i % len(work)].apply(state.seeds[attempt][i])
                 if i in judged:
                     with torch.no_grad():
                         out = normalize_outputs(ref(*clone_args(args)), job.definition)
@@ -260,8 +270,8 @@ class Judge:
         return CheckResult()
 
     def check_timed(self, job: Job, state: _WorkloadState, mem: JobMemory, plan: _JobPlan, sets: list[list[Any]],
-                    result: TimeResult) -> CheckResult:
-        """After a timing: every input set as the changes of the calls made left it, and the outputs
+                    result: TimeResult, attempt: int = 0) -> CheckResult:
+        """After timing attempt `attempt`: every input set as the changes of the calls made left it, and the outputs
         of a sample of the timed calls (sample_size of them, drawn now, after the calls) against their
         references, guard bytes and (CPU, DPS) the copy taken as each call returned."""
         if result.failure is not None:
@@ -272,7 +282,7 @@ class Judge:
             return CheckResult(Status.RUNTIME_ERROR, Reason.BAD_TIMING_REPORT,
                                f"the executor's list of timed calls made is not increasing indices below {plan.calls}")
         layout = mem.layout
-        timed = self._timed(job, state, mem, sets, called)
+        timed = self._timed(job, state, mem, sets, called, attempt)
         bad = self.unchanged_sets(job, mem, timed.final, "differs from what the changes between timed calls leave")
         if not bad.ok:
             return bad

@@ -18,7 +18,7 @@ from typing import Any, Optional
 import torch
 
 from fibray.compile import prepare_triton
-from fibray.evaluate.candidate import CandidateRunner, TimeResult, TimingPlan
+from fibray.evaluate.candidate import CandidateRunner, TimeResult
 from fibray.check import CheckResult
 from fibray.evaluate.memory import JobMemory
 from fibray.evaluate.inputs import InputError
@@ -118,16 +118,18 @@ class _TimedCallsFailed(Exception):
 
 
 def _bounded_time(job: Job, judge: Judge, calls, mem: JobMemory, sets: list[list[Any]], plan: _JobPlan,
-                  overhead: Optional[Overhead], phase: Phases) -> TimeResult:
-    """The timed calls under the supervisor's clock (fibray.timing.bound). A retry after a broken
-    bound starts again from pristine input sets and freshly poisoned output buffers, prepared
-    again before its clock starts."""
+                  overhead: Optional[Overhead], phase: Phases) -> tuple[TimeResult, int]:
+    """The timed calls under the supervisor's clock (fibray.timing.bound), and the attempt whose
+    report stands. A retry after a broken bound starts again from pristine input sets and freshly
+    poisoned output buffers, prepared again before its clock starts, and changes its inputs with
+    seeds of its own: what a doubted timing showed of its inputs is no use to the next."""
     last: list[TimeResult] = []
     walls: list[float] = []
+    attempt = [0]
 
     def once() -> Timing:
         t0 = time.perf_counter()
-        result = calls.time(job)
+        result = calls.time(job, plan.seeds[attempt[0]])
         walls.append(time.perf_counter() - t0)
         last[:] = [result]
         if result.failure is not None:
@@ -135,9 +137,10 @@ def _bounded_time(job: Job, judge: Judge, calls, mem: JobMemory, sets: list[list
         return Timing(result.samples_ms, result.mode, result.sync_overhead_ms)
 
     def again() -> None:
+        attempt[0] += 1
         for j, values in enumerate(sets):
             mem.write_inputs(j, values)
-        calls.prepare_time(job, TimingPlan(iterations=plan.iterations, seeds=plan.seeds))
+        calls.prepare_time(job, plan.timing())
         mem.prepare_outputs([mem.layout.scratch, *mem.layout.timed, *mem.layout.snapshots])
         mem.settle()
 
@@ -145,12 +148,12 @@ def _bounded_time(job: Job, judge: Judge, calls, mem: JobMemory, sets: list[list
         timing = bounded_time(once, job.settings, overhead, judge.device.type, prepare=again,
                               stopwatch=getattr(calls, "stopwatch", None), busy=getattr(calls, "busy_clock", None))
     except _TimedCallsFailed as e:
-        return e.result
+        return e.result, attempt[0]
     finally:
         if len(walls) > 1:  # attempts the bound doubted, and the preparations of their retries
             phase.add({"timing.retried": sum(walls[:-1])})
     return TimeResult(samples_ms=timing.samples_ms, mode=timing.mode, sync_overhead_ms=timing.sync_overhead_ms,
-                      called=last[0].called)
+                      called=last[0].called), attempt[0]
 
 
 def _protocol(job: Job, judge: Judge, calls, phase: Phases, gpu, state: _WorkloadState, mem: JobMemory,
@@ -173,13 +176,13 @@ def _protocol(job: Job, judge: Judge, calls, phase: Phases, gpu, state: _Workloa
         if not untouched.ok:
             return judge.failed(job, untouched)
         with phase("timing_prep"):
-            calls.prepare_time(job, TimingPlan(iterations=plan.iterations, seeds=plan.seeds))
+            calls.prepare_time(job, plan.timing())
         with gpu.hold(phase, "check"):
             # poisoned again after the candidate's process had its views: nothing written ahead survives
             mem.prepare_outputs([layout.scratch, *layout.timed, *layout.snapshots])
             mem.settle()
         with gpu.hold(phase, "timing", exclusive=True):
-            result = _bounded_time(job, judge, calls, mem, sets, plan, overhead, phase)
+            result, attempt = _bounded_time(job, judge, calls, mem, sets, plan, overhead, phase)
     except (SideFault, GpuWorkLeftRunning):
         raise
     except BoundBroken as e:  # the report contradicts what this process saw: a lie about latency
@@ -192,7 +195,7 @@ def _protocol(job: Job, judge: Judge, calls, phase: Phases, gpu, state: _Workloa
         status, reason = classify_exception(e)
         return judge.fail(status, _when_timed(reason), repr(e), s)
     with gpu.hold(phase, "check"):
-        timed = judge.check_timed(job, state, mem, plan, sets, result)
+        timed = judge.check_timed(job, state, mem, plan, sets, result, attempt)
     if not timed.ok:
         return judge.failed(job, timed)
     # the timed calls' errors decide, but are not reported: their inputs and sample are drawn at random

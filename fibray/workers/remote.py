@@ -160,8 +160,8 @@ class RemoteCalls:
     def prepare_time(self, job: Job, timing: TimingPlan) -> None:
         self._timing_request(Request(Op.PREPARE_TIME, job, timing=timing))
 
-    def time(self, job: Job) -> TimeResult:
-        result = self._expect(self._timing_request(Request(Op.TIME, job)), TimeResult)
+    def time(self, job: Job, seeds: list[int]) -> TimeResult:
+        result = self._expect(self._timing_request(Request(Op.TIME, job, seeds=seeds)), TimeResult)
         left = self._after_call()
         return result if result.failure is not None or left is None else TimeResult(failure=left)
 
@@ -212,15 +212,16 @@ class CalibrationSide:
 
     def prepare_time(self, job: Job) -> None:
         mem, plan = self.judge.open(job, self.judge.state(job))
-        self._memory[job.job_id] = mem
+        self._memory[job.job_id] = (mem, plan)
         self.calls.attach(job, mem.layout, mem.region)
-        self.calls.prepare_time(job, TimingPlan(iterations=plan.iterations, seeds=plan.seeds))
+        self.calls.prepare_time(job, plan.timing())
 
     def time(self, job: Job) -> Timing:
+        mem, plan = self._memory.pop(job.job_id)
         try:
-            result = self.calls.time(job)
+            result = self.calls.time(job, plan.seeds[0])
         finally:
-            self._memory.pop(job.job_id).close()
+            mem.close()
         if result.failure is not None:
             raise RuntimeError(f"the timing calibration kernel failed: {result.failure.reason}: {result.failure.log}")
         return Timing(result.samples_ms, result.mode, result.sync_overhead_ms)

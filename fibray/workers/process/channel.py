@@ -60,7 +60,7 @@ class Op(StrEnum):
     PREPARE_TIME = "prepare_time"
     """Make the timed calls' views (carries the TimingPlan)."""
     TIME = "time"
-    """Run the timed calls."""
+    """Run the timed calls (carries their seeds)."""
     WARM = "warm"
     """Build the solution and call it once on inputs of the executor's own drawing (judged by nobody):
     its first-call costs paid before its job is sent (fibray.workers.slot.GpuSlot.prewarm)."""
@@ -84,6 +84,8 @@ class Request(BaseModel):
     """With ATTACH: where everything of the job lies in its region."""
     timing: Optional[TimingPlan] = None
     """With PREPARE_TIME."""
+    seeds: Optional[list[int]] = None
+    """With TIME: the secret seed of each timed call's input change."""
 
     def __init__(self, op: Op | str, job: Optional[Job] = None, trial: int = 0, **kw: Any) -> None:
         super().__init__(op=op, job=job, trial=trial, **kw)

@@ -107,7 +107,7 @@ def main(argv: list[str] | None = None) -> None:
                 runner.prepare_time(req.job, req.timing)
                 reply = Reply(True)
             elif req.op == Op.TIME:
-                reply = Reply(True, runner.time(req.job))
+                reply = Reply(True, runner.time(req.job, req.seeds or []))
             elif req.op == Op.WARM:
                 failure = runner.warm(req.job)
                 reply = Reply(True) if failure is None else Reply(False, error=failure.log, status=failure.status,
