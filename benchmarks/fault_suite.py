@@ -58,7 +58,7 @@ def main() -> int:
         roots.append(str(REPO / "tests" / "candidates_gpu"))
     common = dict(dataset__definitions=["rmsnorm_h4096"], dataset__workload_set="gpu" if gpu else "cpu_small",
                   dataset__max_workloads_per_definition=args.workloads, sweep__name="faults", sweep__progress=False,
-                  eval__build_deadline_s=15 if gpu else 8, eval__run_deadline_s=15 if gpu else 12,
+                  eval__build_deadline_s=15 if gpu else 8, eval__run_deadline_s=15 if gpu else 20,
                   eval__warmup=3, eval__iterations=10, eval__trials=2, runner__quarantine_after=2,
                   runner__lanes=args.lanes, runner__scratch_gb=0.25,  # offender_fills_disk fills it
                   runner__memory_limit_gb=6 if gpu else 2)  # offender_forks_past_memory goes over it (5 x 1.5 GiB)
