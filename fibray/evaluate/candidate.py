@@ -369,9 +369,10 @@ class CandidateRunner:
 
     def time(self, job: Job, seeds: list[int]) -> TimeResult:
         """Time the candidate: before timed call i (untimed) its input set changes (InputChanges, from
-        call i's seed, `seeds[i]`, one per planned call) and its own output buffers go in place; as call i+1 is prepared, call i's outputs are
-        copied where the supervisor reads them (a value-returning call's result; a DPS call's buffers
-        into their snapshot, on a CPU), so that what the supervisor judges is what existed at the end mark."""
+        `seeds[i]`, one per planned call, sent with this request) and its own output buffers go in
+        place; as call i+1 is prepared, call i's outputs are copied where the supervisor reads them (a
+        value-returning call's result; a DPS call's buffers into their snapshot, on a CPU), so that
+        what the supervisor judges is what existed at the end mark."""
         plan = self._plans[job.job_id]  # kept: a timing the supervisor doubts is run again
         if len(seeds) != plan.calls:
             raise ValueError(f"a timing request carries {len(seeds)} seeds for {plan.calls} planned calls")

@@ -271,9 +271,10 @@ class Judge:
 
     def check_timed(self, job: Job, state: _WorkloadState, mem: JobMemory, plan: _JobPlan, sets: list[list[Any]],
                     result: TimeResult, attempt: int = 0) -> CheckResult:
-        """After timing attempt `attempt`: every input set as the changes of the calls made left it, and the outputs
-        of a sample of the timed calls (sample_size of them, drawn now, after the calls) against their
-        references, guard bytes and (CPU, DPS) the copy taken as each call returned."""
+        """After timing attempt `attempt` (its seeds): every input set as the changes of the calls made
+        left it, and the outputs of a sample of the timed calls (sample_size of them, drawn now, after
+        the calls) against their references, guard bytes and (CPU, DPS) the copy taken as each call
+        returned."""
         if result.failure is not None:
             f = result.failure
             return CheckResult(status=Status(f.status), reason=f.reason, message=f"in a timed call: {f.log}")
