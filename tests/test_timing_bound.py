@@ -109,10 +109,9 @@ def test_a_broken_bound_is_retried_before_it_is_a_verdict():
 
 
 
-def test_attempts_the_bound_doubted_are_shown_apart_in_the_timing_phase(tmp_path):
-    """A retried timing costs its attempts again: the breakdown shows them (`timing.retried`), so a
-    slow timing phase can be told from one the bound kept doubting. The retry changes its inputs with
-    seeds of its own, and is judged on them (what the first attempt showed is no use to it)."""
+def _time_honest_rmsnorm(tmp_path, side):
+    """run_job of the honest torch rmsnorm on a cpu_small workload, in this process, its calls made
+    through `side(runner)` (a wrapper that sees or delays them); its evaluation and phase breakdown."""
     from fibray.evaluate.phases import Phases
     from fibray.evaluate.run import Evaluator, run_job
 
@@ -120,24 +119,38 @@ def test_attempts_the_bound_doubted_are_shown_apart_in_the_timing_phase(tmp_path
     ds = load_dataset(REPO / "datasets" / "core", definitions=["rmsnorm_h4096"], solution_roots=[REPO / "solutions"],
                       solutions=["rmsnorm_h4096_torch"], workload_set="cpu_small")
     job = _job(ds.solutions["rmsnorm_h4096_torch"])
+    phases = Phases()
+    try:
+        return run_job(job, ev.judge, side(ev.runner), phases, overhead=OVERHEAD), phases
+    finally:
+        ev.runner.finish(job)
+
+
+class _Through:
+    """Every call of the runner it wraps, unchanged (subclasses override the ones they watch)."""
+
+    def __init__(self, runner) -> None:
+        self.runner = runner
+
+    def __getattr__(self, name):
+        return getattr(self.runner, name)
+
+
+def test_attempts_the_bound_doubted_are_shown_apart_in_the_timing_phase(tmp_path):
+    """A retried timing costs its attempts again: the breakdown shows them (`timing.retried`), so a
+    slow timing phase can be told from one the bound kept doubting. The retry changes its inputs with
+    seeds of its own, and is judged on them (what the first attempt showed is no use to it)."""
     stall = [0.3]
     sent: list[list[int]] = []
 
-    class FirstTimingStalls:  # the host hiccups once, after the executor's timer stopped
-        def __getattr__(self, name):
-            return getattr(ev.runner, name)
-
+    class FirstTimingStalls(_Through):  # the host hiccups once, after the executor's timer stopped
         def time(self, job, seeds):
             sent.append(list(seeds))
-            result = ev.runner.time(job, seeds)
+            result = self.runner.time(job, seeds)
             time.sleep(stall.pop() if stall else 0.0)
             return result
 
-    phases = Phases()
-    try:
-        result = run_job(job, ev.judge, FirstTimingStalls(), phases, overhead=OVERHEAD)
-    finally:
-        ev.runner.finish(job)
+    result, phases = _time_honest_rmsnorm(tmp_path, FirstTimingStalls)
     assert result.status.value == "PASSED", result.log[-300:]
     assert not stall and 0.3 <= phases["timing.retried"] < phases["timing"]
     assert len(sent) == 2 and len(sent[0]) == len(sent[1]) and not set(sent[0]) & set(sent[1])
@@ -147,27 +160,14 @@ def test_no_seed_of_a_timing_reaches_the_executor_before_its_timing_request(tmp_
     """The seeds of the input changes arrive with the request that times the calls, under the
     supervisor's clock: a thread of the candidate's that computed the answers from them in the gap
     after prepare_time (unclocked) would find none there."""
-    from fibray.evaluate.phases import Phases
-    from fibray.evaluate.run import Evaluator, run_job
-
-    ev = Evaluator(tmp_path)
-    ds = load_dataset(REPO / "datasets" / "core", definitions=["rmsnorm_h4096"], solution_roots=[REPO / "solutions"],
-                      solutions=["rmsnorm_h4096_torch"], workload_set="cpu_small")
-    job = _job(ds.solutions["rmsnorm_h4096_torch"])
     prepared: list[tuple[dict, list[int]]] = []
 
-    class Recorded:
-        def __getattr__(self, name):
-            return getattr(ev.runner, name)
-
+    class Recorded(_Through):
         def prepare_time(self, job, timing):
-            ev.runner.prepare_time(job, timing)
-            prepared.append((timing.model_dump(), list(ev.runner._plans[job.job_id].seeds)))
+            self.runner.prepare_time(job, timing)
+            prepared.append((timing.model_dump(), list(self.runner._plans[job.job_id].seeds)))
 
-    try:
-        result = run_job(job, ev.judge, Recorded(), Phases(), overhead=OVERHEAD)
-    finally:
-        ev.runner.finish(job)
+    result, _ = _time_honest_rmsnorm(tmp_path, Recorded)
     assert result.status.value == "PASSED", result.log[-300:]
     assert prepared and all(set(plan) == {"iterations", "calls"} and not seeds for plan, seeds in prepared)
 

@@ -162,13 +162,12 @@ def explained_s(overhead: Overhead, s: EvalSettings, samples: list[float], devic
     host, reported a 10 ms median and took 32 ms a call), and the warm-up at their median, over
     calls_held calls: holding a CPU report to max_calls at its median let a 20x lie (11 calls of at
     most 27) pass under load."""
-    median_s = _median(samples) / 1e3
+    median_ms = _median(samples)
     calls = calls_held(samples, s, device_type)
     fixed = overhead.fixed_s + calls * (overhead.per_call_s + _launch_s(device_type))
     if device_type == "cuda":
-        return fixed + calls * median_s
-    cap_ms = SAMPLE_CAP * median_s * 1e3
-    return fixed + sum(min(v, cap_ms) for v in samples) / 1e3 + (calls - len(samples)) * median_s
+        return fixed + calls * median_ms / 1e3
+    return fixed + (sum(min(v, SAMPLE_CAP * median_ms) for v in samples) + (calls - len(samples)) * median_ms) / 1e3
 
 
 def check_report(timing: Any, wall_s: float, s: EvalSettings, overhead: Overhead, device_type: str) -> None:
