@@ -99,6 +99,12 @@ class Layout(BaseModel):
     def trial_set(self, t: int) -> int:
         return t
 
+    def call_bytes(self) -> int:
+        """Bytes of one call's tensor inputs and outputs: what the executor's work between timed calls
+        (the input change, the copy of the outputs) grows with."""
+        return (sum(a.place.nbytes for a in self.inputs[0] if a.place is not None)
+                + sum(p.nbytes for p in self.outputs[self.scratch]))
+
 
 def _dtype(name: str) -> torch.dtype:
     return getattr(torch, name)
@@ -282,17 +288,23 @@ class InputChanges:
     and binade, and a set never comes back to a state it held in practice (2**(n/2) states).
     Zeros, infinities, NaNs and values whose flip would leave the finite range (fp8 e4m3's
     largest) never change; integer inputs never do. Both sides run this same code: the executor on
-    the candidate's region, the supervisor on its own copy."""
+    the candidate's region, the supervisor on its own copy.
+
+    The random half is a window of a pool of random bits (per input shape, POOL_SPAN elements longer
+    than the input), drawn once from the first seed applied; each call's seed picks the window's
+    offset. A change is then two passes over the input (an AND, an XOR) rather than a random draw
+    per element: on a CPU a draw cost several times an rmsnorm of the same input, and its time, in the
+    supervisor's window but not in any honest report, was judged a lie (timing_below_observed)."""
 
     @classmethod
     def of_sets(cls, sets: list[list[Any]]) -> list["InputChanges"]:
-        """One per input set of a timing, sharing one scratch for the random draws per input shape."""
-        draws: dict[tuple, torch.Tensor] = {}
-        return [cls(a, draws) for a in sets]
+        """One per input set of a timing, sharing one pool and scratch per input shape."""
+        shared: dict[tuple, list] = {}
+        return [cls(a, shared) for a in sets]
 
-    def __init__(self, args: list[Any], draws: Optional[dict[tuple, torch.Tensor]] = None) -> None:
-        draws = {} if draws is None else draws
-        self._parts: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
+    def __init__(self, args: list[Any], shared: Optional[dict[tuple, list]] = None) -> None:
+        shared = {} if shared is None else shared
+        self._parts: list[tuple[torch.Tensor, torch.Tensor, list]] = []
         for a in args:
             if not isinstance(a, torch.Tensor) or not a.is_floating_point() or not a.numel():
                 continue
@@ -303,19 +315,27 @@ class InputChanges:
             flipped = torch.bitwise_xor(bits, flip).view(a.dtype).float()
             keep = (value != 0) & value.isfinite() & flipped.isfinite()
             key = (bits.dtype, tuple(bits.shape), str(bits.device))
-            if key not in draws:
-                draws[key] = torch.empty_like(bits)
-            self._parts.append((bits, keep.to(bits.dtype) * flip, draws[key]))
-        self._gen = torch.Generator(device=self._parts[0][0].device) if self._parts else None
+            if key not in shared:  # [pool (drawn at the first change), scratch]
+                shared[key] = [None, torch.empty_like(bits)]
+            self._parts.append((bits, keep.to(bits.dtype) * flip, shared[key]))
 
     def apply(self, seed: int) -> None:
-        if self._gen is None:
-            return
-        self._gen.manual_seed(seed)
-        for bits, flips, draw in self._parts:
-            draw.random_(0, 2, generator=self._gen)
-            draw.mul_(flips)
-            bits.bitwise_xor_(draw)
+        for bits, flips, pool_scratch in self._parts:
+            if pool_scratch[0] is None:
+                gen = torch.Generator(device=bits.device)
+                gen.manual_seed(seed ^ _POOL_SALT)
+                pool_scratch[0] = torch.empty(bits.numel() + POOL_SPAN, dtype=bits.dtype, device=bits.device)
+                pool_scratch[0].random_(generator=gen)
+            pool, scratch = pool_scratch
+            at = seed % POOL_SPAN
+            torch.bitwise_and(pool[at:at + bits.numel()].view(bits.shape), flips, out=scratch)
+            bits.bitwise_xor_(scratch)
+
+
+POOL_SPAN = 1 << 14
+"""Offsets a change's window of random bits may take in its pool (InputChanges)."""
+_POOL_SALT = 0x5EED_F00D_CAFE
+"""Keeps the pool's draw apart from the offset the same seed picks."""
 
 
 def draw_seeds(n: int) -> list[int]:
