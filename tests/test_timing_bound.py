@@ -64,6 +64,22 @@ def test_work_moved_into_one_cpu_sample_is_not_explained_by_it():
     assert e.value.reason == "timing_below_observed"
 
 
+def test_a_calls_own_bytes_explain_the_executors_work_between_calls():
+    """Calls of 0.12 ms whose input changes and output copies take 0.5 ms more each (an honest
+    value-returning rmsnorm on a CPU, inputs larger than its work): the calibrated per-byte overhead
+    explains that work; without it the report breaks the bound, and a report 20x short still does."""
+    s, nbytes = EvalSettings(warmup=10, iterations=50, trials=3), 1 << 20
+    samples = [0.12] * 150
+    overhead = Overhead(fixed_s=0.002, per_call_s=20e-6, per_byte_s=0.5e-3 / nbytes)
+    wall = 160 * (0.12e-3 + 0.5e-3 + 20e-6) + 0.002 + 0.01  # and a hiccup
+    with pytest.raises(BoundBroken):
+        check_report(Timing(samples, "wall_clock"), wall, s, overhead, "cpu")
+    check_report(Timing(samples, "wall_clock"), wall, s, overhead, "cpu", nbytes)
+    lie_wall = 160 * (2.4e-3 + 0.5e-3 + 20e-6) + 0.002 + 0.01  # 2.4 ms calls reported at 0.12 ms
+    with pytest.raises(BoundBroken):
+        check_report(Timing(samples, "wall_clock"), lie_wall, s, overhead, "cpu", nbytes)
+
+
 GPU = EvalSettings(warmup=10, iterations=50, trials=3)
 H200_OVERHEAD = Overhead(fixed_s=0.22e-3, per_call_s=35e-6)  # a slot's calibration on the H200 (RESULTS.md)
 
@@ -243,6 +259,21 @@ def test_an_honest_slow_kernel_passes_with_its_true_latency(slot):
     ev = slot.evaluate(_job(_honest_twin(_candidate("timer_rebinding"))), "persistent", now_iso()).evaluation
     assert ev.status.value == "PASSED", ev.log[-800:]
     assert ev.performance.latency_ms >= 20.0
+
+
+@pytest.mark.slow
+def test_an_honest_kernel_on_inputs_larger_than_its_own_work_between_calls_passes(slot):
+    """An honest rmsnorm on 256 x 4096 (value-returning: each timed call's result is copied out, and
+    the inputs change densely before it) was judged timing_below_observed on a CPU slot: that work of
+    the executor's, in the supervisor's window and in no sample, outweighed the kernel."""
+    job = _job(_honest())
+    workload = job.workload.model_copy(update={"uuid": "bound-batch-256", "axes": {"batch_size": 256}})
+    job = job.model_copy(update={"job_id": "bound-honest-256", "workload": workload,
+                                 "settings": EvalSettings(warmup=10, iterations=50, trials=3)})
+    ev = slot.evaluate(job, "persistent", now_iso()).evaluation
+    assert ev.status.value == "PASSED", ev.log[-800:]
+    overhead = next(iter(slot.overheads.values()))
+    assert overhead.per_byte_s > 0, overhead
 
 
 @pytest.mark.slow

@@ -146,7 +146,8 @@ def _bounded_time(job: Job, judge: Judge, calls, mem: JobMemory, sets: list[list
 
     try:
         timing = bounded_time(once, job.settings, overhead, judge.device.type, prepare=again,
-                              stopwatch=getattr(calls, "stopwatch", None), busy=getattr(calls, "busy_clock", None))
+                              stopwatch=getattr(calls, "stopwatch", None), busy=getattr(calls, "busy_clock", None),
+                              nbytes=mem.layout.call_bytes())
     except _TimedCallsFailed as e:
         return e.result, attempt[0]
     finally:

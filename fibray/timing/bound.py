@@ -82,10 +82,16 @@ class Overhead:
     fixed_s: float
     """Per request (channel round trip, plan, final synchronise), seconds, >= 0."""
     per_call_s: float
-    """Per call (flush, events, input changes, device-wide synchronise), seconds, >= 0."""
+    """Per call (flush, events, input changes, device-wide synchronise), seconds, >= 0, on the
+    calibration kernel's few bytes."""
     quiet_switches: Optional[int] = None
     """The most voluntary context switches the executor's main thread made in an honest timing
     request of the calibration (Window.switches); None where its stopwatch counts none."""
+    per_byte_s: float = 0.0
+    """Per call and byte of its inputs and outputs, seconds, >= 0: what the executor's own work
+    between calls (the input change, the copy of the outputs where the supervisor reads them) adds
+    as a call's buffers grow. On a CPU that work outweighed an honest rmsnorm's own time, and was
+    judged a lie (timing_below_observed)."""
 
 
 @dataclass(frozen=True)
@@ -155,23 +161,32 @@ def calls_held(samples: list, s: EvalSettings, device_type: str) -> int:
     return min(max_calls(s, device_type), s.warmup + len(samples))
 
 
-def explained_s(overhead: Overhead, s: EvalSettings, samples: list[float], device_type: str) -> float:
+def per_call_s(overhead: Overhead, device_type: str, nbytes: int, margin: float) -> float:
+    """What a call with `nbytes` of inputs and outputs adds to a timing's wall beyond its latency: the
+    calibrated per-call cost, the calibrated per-byte cost (`margin`: BYTES_MARGIN where it may
+    explain a wall, 1 where it is taken out of one), the launch allowance."""
+    return overhead.per_call_s + margin * overhead.per_byte_s * max(0, nbytes) + _launch_s(device_type)
+
+
+def explained_s(overhead: Overhead, s: EvalSettings, samples: list[float], device_type: str, nbytes: int = 0) -> float:
     """The longest wall a timing reported as `samples` can honestly take, before the margin. On a
     GPU slot, max_calls calls at the report's median. On a CPU slot, the samples themselves, each up
     to SAMPLE_CAP medians (an honest report's tail is in its wall too: a call that forks, on a loaded
     host, reported a 10 ms median and took 32 ms a call), and the warm-up at their median, over
     calls_held calls: holding a CPU report to max_calls at its median let a 20x lie (11 calls of at
-    most 27) pass under load."""
+    most 27) pass under load. `nbytes`: a call's inputs and outputs (per_call_s)."""
     median_ms = _median(samples)
     calls = calls_held(samples, s, device_type)
-    fixed = overhead.fixed_s + calls * (overhead.per_call_s + _launch_s(device_type))
+    fixed = overhead.fixed_s + calls * per_call_s(overhead, device_type, nbytes, BYTES_MARGIN)
     if device_type == "cuda":
         return fixed + calls * median_ms / 1e3
     return fixed + (sum(min(v, SAMPLE_CAP * median_ms) for v in samples) + (calls - len(samples)) * median_ms) / 1e3
 
 
-def check_report(timing: Any, wall_s: float, s: EvalSettings, overhead: Overhead, device_type: str) -> None:
-    """Raise BoundBroken when a timing report is malformed or below what the wall shows."""
+def check_report(timing: Any, wall_s: float, s: EvalSettings, overhead: Overhead, device_type: str,
+                 nbytes: int = 0) -> None:
+    """Raise BoundBroken when a timing report is malformed or below what the wall shows (`nbytes`:
+    a call's inputs and outputs)."""
     samples = getattr(timing, "samples_ms", None)
     if (not isinstance(timing, Timing) or not isinstance(samples, list) or not samples
             or len(samples) > max_calls(s, device_type)
@@ -179,23 +194,24 @@ def check_report(timing: Any, wall_s: float, s: EvalSettings, overhead: Overhead
         raise BoundBroken(Reason.BAD_TIMING_REPORT, "the executor's timing report is not a list of finite, non-negative "
                                                f"latencies of at most {max_calls(s, device_type)} calls")
     median_ms = _median(samples)
-    explained = explained_s(overhead, s, samples, device_type)
+    explained = explained_s(overhead, s, samples, device_type, nbytes)
     slack = BOUND_SLACK_S.get(device_type, BOUND_SLACK_S["cpu"])
     allowed = BOUND_FACTOR * explained + slack
     if wall_s > allowed:
         raise BoundBroken(Reason.TIMING_BELOW_OBSERVED, (
             f"reported median {median_ms:.4g} ms (mean {sum(samples) / len(samples):.4g} ms) over "
             f"{calls_held(samples, s, device_type)} calls explains {explained * 1e3:.1f} ms of wall (overhead "
-            f"{overhead.fixed_s * 1e3:.2f} ms + {overhead.per_call_s * 1e6:.1f} us/call + "
-            f"{_launch_s(device_type) * 1e6:.0f} us/call launch); the supervisor observed "
+            f"{overhead.fixed_s * 1e3:.2f} ms + {per_call_s(overhead, device_type, nbytes, BYTES_MARGIN) * 1e6:.1f} us/call for "
+            f"{nbytes} bytes of inputs and outputs, launch included); the supervisor observed "
             f"{wall_s * 1e3:.1f} ms (allowed {allowed * 1e3:.1f} ms: x{BOUND_FACTOR} + {slack * 1e3:.0f} ms)"))
 
 
-def host_bound_timing(timing: Timing, wall_s: float, s: EvalSettings, overhead: Overhead, device_type: str) -> Timing:
+def host_bound_timing(timing: Timing, wall_s: float, s: EvalSettings, overhead: Overhead, device_type: str,
+                      nbytes: int = 0) -> Timing:
     """`timing` moved up to the per-call latency the supervisor's `wall_s` shows (its calls and
     overheads taken out; the report's spread kept), mode "<mode>+host_bound"."""
-    per_call_ms = max(0.0, (wall_s - overhead.fixed_s) / max_calls(s, device_type) - overhead.per_call_s
-                      - _launch_s(device_type)) * 1e3
+    per_call_ms = max(0.0, (wall_s - overhead.fixed_s) / max_calls(s, device_type)
+                      - per_call_s(overhead, device_type, nbytes, 1.0)) * 1e3
     median_ms = _median(timing.samples_ms)
     samples = ([v * per_call_ms / median_ms for v in timing.samples_ms] if median_ms > 0
                else [per_call_ms] * len(timing.samples_ms))
@@ -204,14 +220,15 @@ def host_bound_timing(timing: Timing, wall_s: float, s: EvalSettings, overhead: 
 
 def bounded_time(time_once: Callable[[], Timing], s: EvalSettings, overhead: Optional[Overhead],
                  device_type: str, prepare: Optional[Callable[[], None]] = None,
-                 stopwatch: Optional[Stopwatch] = None, busy: Optional[Callable[[], float]] = None) -> Timing:
+                 stopwatch: Optional[Stopwatch] = None, busy: Optional[Callable[[], float]] = None,
+                 nbytes: int = 0) -> Timing:
     """Time through `time_once` under the supervisor's `stopwatch` (the kind the overhead was
     calibrated with: fibray.workers.cpu_clock.ExecutorStopwatch on a CPU slot, else the wall); a
     broken bound is retried (a hiccup of the host is not a verdict), prepared again by `prepare` so
     that the retry's window sees the calls alone, and raised after BOUND_ATTEMPTS, unless on a GPU
     slot every attempt kept the executor's CPU (`busy`, its CPU seconds) busy for HOST_BOUND_SHARE of
-    the wall: then the timing at the supervisor's latency (host_bound_timing). Without an overhead,
-    no bound."""
+    the wall: then the timing at the supervisor's latency (host_bound_timing). `nbytes`: a call's
+    inputs and outputs (per_call_s). Without an overhead, no bound."""
     watch = stopwatch or WallStopwatch()
     walls: list[float] = []
     shares: list[float] = []
@@ -226,7 +243,7 @@ def bounded_time(time_once: Callable[[], Timing], s: EvalSettings, overhead: Opt
             return timing
         wall = window.reading(overhead.quiet_switches)
         try:
-            check_report(timing, wall, s, overhead, device_type)
+            check_report(timing, wall, s, overhead, device_type, nbytes)
             return timing
         except BoundBroken as e:
             if e.reason != Reason.TIMING_BELOW_OBSERVED:
@@ -235,7 +252,7 @@ def bounded_time(time_once: Callable[[], Timing], s: EvalSettings, overhead: Opt
             shares.append((busy() - b0) / wall if busy is not None and wall > 0 else 0.0)
             if attempt == BOUND_ATTEMPTS - 1:
                 if device_type == "cuda" and min(shares) >= HOST_BOUND_SHARE:
-                    return host_bound_timing(timing, min(walls), s, overhead, device_type)
+                    return host_bound_timing(timing, min(walls), s, overhead, device_type, nbytes)
                 raise BoundBroken(e.reason, f"{e.message}; last {window}") from None
     raise AssertionError("unreachable")
 
@@ -250,22 +267,35 @@ class TimingSide(Protocol):
 
 
 _CALIBRATION_N = 256
+CALIBRATION_BIG_N = 1 << 19
+"""Elements (float32) of the calibration copy whose per-call overhead, against the small one's,
+gives the overhead per byte of a call's inputs and outputs (2 MiB each way)."""
+BYTES_MARGIN = 1.5
+"""How many times the calibrated per-byte overhead a call may add: calls whose buffers outgrow the
+host's caches cost more per byte than the calibration's 2 MiB."""
 
 
-def calibration_job(s: EvalSettings, iterations: int) -> Job:
-    """An honest, known-cost job (a copy of 1 KiB) with the timing settings of `s`."""
+def _copy_bytes(n: int) -> int:
+    """Bytes of inputs and outputs of one call of the calibration copy of `n` elements."""
+    return 2 * 4 * n
+
+
+def calibration_job(s: EvalSettings, iterations: int, n: int = _CALIBRATION_N) -> Job:
+    """An honest, known-cost job (a copy of `n` float32, 1 KiB by default) with the timing settings of `s`."""
+    tag = "" if n == _CALIBRATION_N else f"_{n}"
     d = Definition.model_validate({
-        "name": "fibray_timing_calibration", "op_type": "copy", "axes": {"n": {"type": "const", "value": _CALIBRATION_N}},
+        "name": f"fibray_timing_calibration{tag}", "op_type": "copy", "axes": {"n": {"type": "const", "value": n}},
         "inputs": {"x": {"shape": ["n"], "dtype": "float32"}}, "outputs": {"y": {"shape": ["n"], "dtype": "float32"}},
         "reference": "def run(x):\n    return x.clone()\n"})
-    w = Workload.model_validate({"uuid": "fibray-timing-calibration", "axes": {}, "inputs": {"x": {"type": "random"}}})
+    w = Workload.model_validate({"uuid": f"fibray-timing-calibration{tag}", "axes": {},
+                                 "inputs": {"x": {"type": "random"}}})
     sol = Solution.model_validate({
         "name": "fibray_timing_calibration_copy", "definition": d.name, "author": "fibray",
         "spec": {"language": "python", "target_hardware": ["cuda", "cpu"], "entry_point": "main.py::run",
                  "destination_passing_style": True},
         "sources": [{"path": "main.py", "content": "def run(x, y):\n    y.copy_(x)\n"}]})
     settings = s.model_copy(update={"iterations": iterations, "trials": 1, "timing": "fixed"})
-    return Job(job_id=f"fibray-timing-calibration-{iterations}", sweep="_calibration", definition=d, workload=w,
+    return Job(job_id=f"fibray-timing-calibration{tag}-{iterations}", sweep="_calibration", definition=d, workload=w,
                solution=sol, settings=settings, dataset_root=".")
 
 
@@ -278,19 +308,23 @@ def _calls_made(s: EvalSettings, device_type: str) -> int:
 
 def calibrate(side: TimingSide, s: EvalSettings, device_type: str, finish: Callable[[Job], None],
               stopwatch: Optional[Stopwatch] = None) -> Overhead:
-    """Fit fixed and per-call overhead from honest timings of a copy kernel through `side` (which
-    must be pristine: no candidate has run in it), on the stopwatch the bound will read: the least
-    of CALIBRATION_REPEATS timings at each of two iteration counts (a host's hiccup only ever adds,
-    and an overhead it inflated would loosen every bound of the slot)."""
+    """Fit fixed, per-call and per-byte overhead from honest timings of a copy kernel through `side`
+    (which must be pristine: no candidate has run in it), on the stopwatch the bound will read: the
+    least of CALIBRATION_REPEATS timings at each of two iteration counts of a 1 KiB copy, and at the
+    first of them of a CALIBRATION_BIG_N copy (a host's hiccup only ever adds, and an overhead it
+    inflated would loosen every bound of the slot)."""
     watch = stopwatch or WallStopwatch()
     seen: list[list[tuple[int, Window, float]]] = []
-    for n, iterations in enumerate((CALIBRATION_ITERATIONS[0], *CALIBRATION_ITERATIONS)):  # the first warms up
-        job = calibration_job(s, iterations)
+    points = [(CALIBRATION_ITERATIONS[0], _CALIBRATION_N, 1),  # warms up
+              *((i, _CALIBRATION_N, CALIBRATION_REPEATS) for i in CALIBRATION_ITERATIONS),
+              (CALIBRATION_ITERATIONS[0], CALIBRATION_BIG_N, CALIBRATION_REPEATS)]
+    for iterations, size, repeats in points:
+        job = calibration_job(s, iterations, size)
         err = side.build(job)
         if err is not None:
             raise RuntimeError(f"the timing calibration kernel did not build: {err}")
         seen.append([])
-        for _ in range(CALIBRATION_REPEATS if n else 1):
+        for _ in range(repeats):
             side.prepare_time(job)
             watch.start()
             timing = side.time(job)
@@ -304,7 +338,9 @@ def calibrate(side: TimingSide, s: EvalSettings, device_type: str, finish: Calla
     def least(point: list[tuple[int, Window, float]]) -> tuple[int, float, float]:
         return min(((c, w.reading(quiet), m) for c, w, m in point), key=lambda p: p[1] - p[0] * p[2])
 
-    (c1, w1, m1), (c2, w2, m2) = least(seen[1]), least(seen[2])
+    (c1, w1, m1), (c2, w2, m2), (c3, w3, m3) = least(seen[1]), least(seen[2]), least(seen[3])
     per_call = max(0.0, (w2 - c2 * m2 - (w1 - c1 * m1)) / (c2 - c1))
     fixed = max(0.0, w1 - c1 * (m1 + per_call))
-    return Overhead(fixed_s=fixed, per_call_s=per_call, quiet_switches=quiet)
+    per_call_big = (w3 - fixed) / c3 - m3
+    per_byte = max(0.0, (per_call_big - per_call) / (_copy_bytes(CALIBRATION_BIG_N) - _copy_bytes(_CALIBRATION_N)))
+    return Overhead(fixed_s=fixed, per_call_s=per_call, quiet_switches=quiet, per_byte_s=per_byte)
