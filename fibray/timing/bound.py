@@ -269,7 +269,9 @@ class TimingSide(Protocol):
 _CALIBRATION_N = 256
 CALIBRATION_BIG_N = 1 << 19
 """Elements (float32) of the calibration copy whose per-call overhead, against the small one's,
-gives the overhead per byte of a call's inputs and outputs (2 MiB each way)."""
+gives the overhead per byte of a call's inputs and outputs (2 MiB each way)..."""
+CALIBRATION_BIG_ITERATIONS = 8
+"""...timed over this many calls (as many input sets of its own: 16 MiB)."""
 BYTES_MARGIN = 1.5
 """How many times the calibrated per-byte overhead a call may add: calls whose buffers outgrow the
 host's caches cost more per byte than the calibration's 2 MiB."""
@@ -317,7 +319,7 @@ def calibrate(side: TimingSide, s: EvalSettings, device_type: str, finish: Calla
     seen: list[list[tuple[int, Window, float]]] = []
     points = [(CALIBRATION_ITERATIONS[0], _CALIBRATION_N, 1),  # warms up
               *((i, _CALIBRATION_N, CALIBRATION_REPEATS) for i in CALIBRATION_ITERATIONS),
-              (CALIBRATION_ITERATIONS[0], CALIBRATION_BIG_N, CALIBRATION_REPEATS)]
+              (CALIBRATION_BIG_ITERATIONS, CALIBRATION_BIG_N, CALIBRATION_REPEATS)]
     for iterations, size, repeats in points:
         job = calibration_job(s, iterations, size)
         err = side.build(job)
@@ -341,6 +343,7 @@ def calibrate(side: TimingSide, s: EvalSettings, device_type: str, finish: Calla
     (c1, w1, m1), (c2, w2, m2), (c3, w3, m3) = least(seen[1]), least(seen[2]), least(seen[3])
     per_call = max(0.0, (w2 - c2 * m2 - (w1 - c1 * m1)) / (c2 - c1))
     fixed = max(0.0, w1 - c1 * (m1 + per_call))
-    per_call_big = (w3 - fixed) / c3 - m3
-    per_byte = max(0.0, (per_call_big - per_call) / (_copy_bytes(CALIBRATION_BIG_N) - _copy_bytes(_CALIBRATION_N)))
+    timed3 = c3 - s.warmup  # warm-up calls change no input and copy no output
+    between = w3 - fixed - c3 * (m3 + per_call)  # the big copy's work between calls, beyond the small one's
+    per_byte = max(0.0, between / (max(1, timed3) * (_copy_bytes(CALIBRATION_BIG_N) - _copy_bytes(_CALIBRATION_N))))
     return Overhead(fixed_s=fixed, per_call_s=per_call, quiet_switches=quiet, per_byte_s=per_byte)
