@@ -244,7 +244,7 @@ def slot():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["timer_rebinding", "timer_clock", "hides_in_reaped_children"])
+@pytest.mark.parametrize("name", ["timer_rebinding", "timer_rebinding_fast", "timer_clock", "hides_in_reaped_children"])
 def test_a_rebound_timer_is_caught_by_the_supervisors_clock(slot, name):
     sol = _candidate(name)
     pid = slot.active.pid

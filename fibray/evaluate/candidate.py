@@ -367,12 +367,13 @@ class CandidateRunner:
         if self.device.type == "cuda":
             _sync(self.device)
 
-    def time(self, job: Job, seeds: list[int]) -> TimeResult:
+    def time(self, job: Job, seeds: list[int], step: Any = None) -> TimeResult:
         """Time the candidate: before timed call i (untimed) its input set changes (InputChanges, from
         `seeds[i]`, one per planned call, sent with this request) and its own output buffers go in
         place; as call i+1 is prepared, call i's outputs are copied where the supervisor reads them (a
         value-returning call's result; a DPS call's buffers into their snapshot, on a CPU), so that
-        what the supervisor judges is what existed at the end mark."""
+        what the supervisor judges is what existed at the end mark. `step`: the supervisor clocks every
+        timed call (a CPU timing: fibray.timing.steps)."""
         plan = self._plans[job.job_id]  # kept: a timing the supervisor doubts is run again
         if len(seeds) != plan.calls:
             raise ValueError(f"a timing request carries {len(seeds)} seeds for {plan.calls} planned calls")
@@ -414,7 +415,7 @@ class CandidateRunner:
                 timing = time_calls(plan.runnable if dps else keep, plan.arg_sets, warmup=s.warmup,
                                     iterations=plan.iterations, device=self.device, flush_l2=s.flush_l2,
                                     sync_device=s.sync_device, before_each=before_each,
-                                    adaptive=s.timing == "adaptive")
+                                    adaptive=s.timing == "adaptive", step=step)
                 if called:
                     store(called[-1])
                 if self.device.type == "cuda":

@@ -134,7 +134,8 @@ def _bounded_time(job: Job, judge: Judge, calls, mem: JobMemory, sets: list[list
         last[:] = [result]
         if result.failure is not None:
             raise _TimedCallsFailed(result)
-        return Timing(result.samples_ms, result.mode, result.sync_overhead_ms)
+        return Timing(result.samples_ms, result.mode, result.sync_overhead_ms,
+                      observed_ms=getattr(calls, "observed", None))
 
     def again() -> None:
         attempt[0] += 1

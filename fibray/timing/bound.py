@@ -52,6 +52,16 @@ SAMPLE_CAP = 4.0
 forking on a loaded host) is explained up to it; work moved into a few calls is not: a candidate
 that computes every timed call's answer in its first one and copies them in the rest reports the
 median of its copies, and the sum of its samples would explain the wall that work took."""
+STEP_FACTOR = 2.0
+"""On a stepped CPU timing, how many times its own median (plus STEP_SLACK_MS) the executor's report
+must reach of the median reading the supervisor took around each of its calls (less the calibrated
+step_ms): the readings are CPU time between two blocked system calls, so a report 20x short fails
+it on calls of tens of microseconds, where the bound on the whole request needs tens of milliseconds."""
+STEP_SLACK_MS = 0.005
+"""Milliseconds a stepped call's reading may exceed STEP_FACTOR times the report's median."""
+STEP_SWITCHES = 2
+"""Voluntary context switches a stepped call adds to the executor's main thread (it blocks for the
+supervisor's b"b" and b"g")."""
 BOUND_ATTEMPTS = 3
 """Timing requests made before a broken bound is a verdict. A lie breaks every one of them; an
 honest kernel beside a busy neighbour (two lanes of a two-core CI host) broke two in a row."""
@@ -87,6 +97,10 @@ class Overhead:
     quiet_switches: Optional[int] = None
     """The most voluntary context switches the executor's main thread made in an honest timing
     request of the calibration (Window.switches); None where its stopwatch counts none."""
+    step_ms: Optional[float] = None
+    """On a stepped CPU timing (fibray.timing.steps), what the supervisor's reading around a call adds
+    to the executor's own sample of it (two system calls), ms: the median over the calibration's
+    calls. None where calls were not stepped."""
     per_byte_s: float = 0.0
     """Per call and byte of its inputs and outputs, seconds, >= 0: what the executor's own work
     between calls (the input change, the copy of the outputs where the supervisor reads them) adds
@@ -106,10 +120,12 @@ class Window:
     """The voluntary context switches of the executor's main thread in it: each sleep or block it made
     (None: not counted)."""
 
-    def reading(self, quiet: Optional[int]) -> float:
+    def reading(self, quiet: Optional[int], steps: int = 0) -> float:
         """The seconds the bound holds against a report: the wall, or the lesser of it and the CPU time
-        where the executor slept no more than an honest request (`quiet` switches) makes it sleep."""
-        if quiet is not None and self.switches is not None and self.cpu_s is not None and self.switches <= quiet:
+        where the executor slept no more than an honest request (`quiet` switches, and STEP_SWITCHES for
+        each of `steps` stepped calls) makes it sleep."""
+        if (quiet is not None and self.switches is not None and self.cpu_s is not None
+                and self.switches <= quiet + STEP_SWITCHES * steps):
             return min(self.wall_s, self.cpu_s)
         return self.wall_s
 
@@ -194,6 +210,7 @@ def check_report(timing: Any, wall_s: float, s: EvalSettings, overhead: Overhead
         raise BoundBroken(Reason.BAD_TIMING_REPORT, "the executor's timing report is not a list of finite, non-negative "
                                                f"latencies of at most {max_calls(s, device_type)} calls")
     median_ms = _median(samples)
+    _check_steps(timing, samples, overhead)
     explained = explained_s(overhead, s, samples, device_type, nbytes)
     slack = BOUND_SLACK_S.get(device_type, BOUND_SLACK_S["cpu"])
     allowed = BOUND_FACTOR * explained + slack
@@ -204,6 +221,23 @@ def check_report(timing: Any, wall_s: float, s: EvalSettings, overhead: Overhead
             f"{overhead.fixed_s * 1e3:.2f} ms + {per_call_s(overhead, device_type, nbytes, BYTES_MARGIN) * 1e6:.1f} us/call for "
             f"{nbytes} bytes of inputs and outputs, launch included); the supervisor observed "
             f"{wall_s * 1e3:.1f} ms (allowed {allowed * 1e3:.1f} ms: x{BOUND_FACTOR} + {slack * 1e3:.0f} ms)"))
+
+
+def _check_steps(timing: Timing, samples: list[float], overhead: Overhead) -> None:
+    """A stepped timing's report against the supervisor's reading around each of its calls."""
+    observed = timing.observed_ms
+    if observed is None or overhead.step_ms is None:
+        return
+    if len(observed) != len(samples):
+        raise BoundBroken(Reason.BAD_TIMING_REPORT, f"the executor reported {len(samples)} timed calls; the "
+                                                    f"supervisor clocked {len(observed)}")
+    seen_ms = _median([max(0.0, v - overhead.step_ms) for v in observed])
+    median_ms = _median(samples)
+    if median_ms * STEP_FACTOR + STEP_SLACK_MS < seen_ms:
+        raise BoundBroken(Reason.TIMING_BELOW_OBSERVED, (
+            f"reported median {median_ms:.4g} ms a call; the supervisor observed a median of {seen_ms:.4g} ms "
+            f"around each of the {len(observed)} timed calls on its own clock (less {overhead.step_ms * 1e3:.1f} us "
+            f"of stepping; allowed x{STEP_FACTOR} + {STEP_SLACK_MS * 1e3:.0f} us)"))
 
 
 def host_bound_timing(timing: Timing, wall_s: float, s: EvalSettings, overhead: Overhead, device_type: str,
@@ -241,7 +275,7 @@ def bounded_time(time_once: Callable[[], Timing], s: EvalSettings, overhead: Opt
         window = watch.stop()
         if overhead is None:
             return timing
-        wall = window.reading(overhead.quiet_switches)
+        wall = window.reading(overhead.quiet_switches, len(timing.observed_ms or ()))
         try:
             check_report(timing, wall, s, overhead, device_type, nbytes)
             return timing
@@ -317,6 +351,8 @@ def calibrate(side: TimingSide, s: EvalSettings, device_type: str, finish: Calla
     inflated would loosen every bound of the slot)."""
     watch = stopwatch or WallStopwatch()
     seen: list[list[tuple[int, Window, float]]] = []
+    steps: list[int] = []
+    step_ms: list[float] = []
     points = [(CALIBRATION_ITERATIONS[0], _CALIBRATION_N, 1),  # warms up
               *((i, _CALIBRATION_N, CALIBRATION_REPEATS) for i in CALIBRATION_ITERATIONS),
               (CALIBRATION_BIG_ITERATIONS, CALIBRATION_BIG_N, CALIBRATION_REPEATS)]
@@ -333,12 +369,18 @@ def calibrate(side: TimingSide, s: EvalSettings, device_type: str, finish: Calla
             window = watch.stop()
             median_s = _median(timing.samples_ms) / 1e3
             seen[-1].append((_calls_made(job.settings, device_type), window, median_s))
+            observed = timing.observed_ms or []
+            steps.append(len(observed))
+            if observed and len(observed) == len(timing.samples_ms) and size == _CALIBRATION_N:
+                step_ms.append(_median([o - v for o, v in zip(observed, timing.samples_ms)]))
         finish(job)
-    counted = [w.switches for point in seen for _, w, _ in point if w.switches is not None]
-    quiet = max(counted) if counted else None  # a window not counted (a slow host) is read on its wall
+    windows = [w for point in seen for _, w, _ in point]
+    counted = [w.switches - STEP_SWITCHES * n for w, n in zip(windows, steps) if w.switches is not None]
+    quiet = max(0, max(counted)) if counted else None  # a window not counted (a slow host) is read on its wall
+    stepped = dict(zip(map(id, windows), steps))
 
     def least(point: list[tuple[int, Window, float]]) -> tuple[int, float, float]:
-        return min(((c, w.reading(quiet), m) for c, w, m in point), key=lambda p: p[1] - p[0] * p[2])
+        return min(((c, w.reading(quiet, stepped[id(w)]), m) for c, w, m in point), key=lambda p: p[1] - p[0] * p[2])
 
     (c1, w1, m1), (c2, w2, m2), (c3, w3, m3) = least(seen[1]), least(seen[2]), least(seen[3])
     per_call = max(0.0, (w2 - c2 * m2 - (w1 - c1 * m1)) / (c2 - c1))
@@ -346,4 +388,5 @@ def calibrate(side: TimingSide, s: EvalSettings, device_type: str, finish: Calla
     timed3 = c3 - s.warmup  # warm-up calls change no input and copy no output
     between = w3 - fixed - c3 * (m3 + per_call)  # the big copy's work between calls, beyond the small one's
     per_byte = max(0.0, between / (max(1, timed3) * (_copy_bytes(CALIBRATION_BIG_N) - _copy_bytes(_CALIBRATION_N))))
-    return Overhead(fixed_s=fixed, per_call_s=per_call, quiet_switches=quiet, per_byte_s=per_byte)
+    return Overhead(fixed_s=fixed, per_call_s=per_call, quiet_switches=quiet, per_byte_s=per_byte,
+                    step_ms=_median(step_ms) if step_ms else None)

@@ -24,7 +24,7 @@ import statistics
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import torch
 
@@ -66,6 +66,9 @@ class Timing:
     sync_overhead_ms: float = 0.0
     queued: int = -1
     """Stream-timed calls verified queued before the GPU reached them (-1: not a GPU timing)."""
+    observed_ms: Optional[list[float]] = None
+    """The supervisor's own reading around each timed call (a stepped CPU timing: fibray.timing.steps),
+    set only by the supervisor; None where it read none."""
 
 
 _CU_LIMIT_PERSISTING_L2_CACHE_SIZE = 0x06
@@ -162,11 +165,13 @@ def time_calls(
     sync_device: bool = True,
     before_each: Callable[[int], None] | None = None,
     adaptive: bool = False,
+    step: Any = None,
 ) -> Timing:
     """Run fn over rotating argument sets: `warmup` untimed calls, then `iterations` timed
     calls per argument set. `before_each(i)` runs untimed before timed call i; i counts on
     through the device-wide pass (calls_after_warmup says how far). `adaptive` stops early once
-    the mean is known well enough (ADAPTIVE_RSE); its mode says so ("...+adaptive")."""
+    the mean is known well enough (ADAPTIVE_RSE); its mode says so ("...+adaptive"). `step` (a
+    CPU timing only: fibray.timing.steps.StepPipe) lets the supervisor clock every timed call."""
     n = len(arg_sets)
     if device.type == "cuda":
         timing = _time_cuda(fn, arg_sets, warmup, iterations * n, device, flush_l2, sync_device, before_each, adaptive)
@@ -175,12 +180,18 @@ def time_calls(
             fn(*arg_sets[i % n])
         samples: list[float] = []
         for i in range(iterations * n):
+            if step is not None:
+                step.begin()
             if before_each is not None:
                 before_each(i)
             args = arg_sets[i % n]
+            if step is not None:
+                step.ready()
             t0 = _perf_counter_ns()
             fn(*args)
             samples.append((_perf_counter_ns() - t0) / 1e6)
+            if step is not None:
+                step.done()
             if adaptive and _settled(samples):
                 break
         timing = Timing(samples, "wall_clock")

@@ -147,3 +147,33 @@ def cpu_stopwatch(pid: int, account: Optional[Callable[[], float]]) -> Stopwatch
     (`account`), or the plain wall where it has no cgroup (the work of children the kernel collects
     would go uncounted: nothing is left out then)."""
     return ExecutorStopwatch(pid, account) if account is not None else WallStopwatch()
+
+
+STEP_CALL_SWITCHES = 1
+"""Voluntary context switches of the executor's main thread between the supervisor's readings before
+and after a stepped timed call (fibray.timing.steps): its block on the next b"b" (each reading waits
+until the thread blocks, so that block is always counted). One more is a sleep inside the call."""
+
+
+class StepClock:
+    """The supervisor's reading around each stepped timed call of the executor `pid`, whose cgroup's CPU
+    seconds `account` reads: read() once the executor blocked for b"g", and again once it blocked for
+    the next b"b"; reading_ms() between them. A call in which the executor's main thread did not sleep
+    is read on the lesser of the unloaded wall and the cgroup's CPU time (the host's waits, and the
+    supervisor's own, are not the call's); one in which it slept, on the unloaded wall (a kernel that
+    sleeps takes its wall). Never run in an executor."""
+
+    def __init__(self, pid: int, account: Callable[[], float]) -> None:
+        self.pid, self.account = pid, account
+
+    def read(self) -> tuple[_Counters, Optional[int]]:
+        switches = _voluntary_switches(self.pid) if _settled(self.pid) else None
+        return _counters(self.pid, self.account), switches
+
+    @staticmethod
+    def reading_ms(a: tuple[_Counters, Optional[int]], b: tuple[_Counters, Optional[int]]) -> float:
+        (ca, va), (cb, vb) = a, b
+        wall = unloaded_s(ca, cb)
+        if va is not None and vb is not None and vb - va <= STEP_CALL_SWITCHES:
+            return min(wall, cb.account - ca.account) * 1e3
+        return wall * 1e3

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Optional
+from multiprocessing.connection import wait
+from typing import Callable, Optional
 
 from fibray import deadlines
 from fibray.compile import BuildError
@@ -20,8 +21,9 @@ from fibray.evaluate.run import CandidateCallFailed, Judge, SideFault
 from fibray.schema import EvaluationStatus, Job
 from fibray.schema.reasons import POISONING_REASONS, Reason
 from fibray.timing import Timing
-from fibray.timing.bound import Stopwatch
-from fibray.workers.cpu_clock import process_cpu_clock
+from fibray.timing import steps
+from fibray.timing.bound import BoundBroken, Stopwatch
+from fibray.workers.cpu_clock import StepClock, process_cpu_clock
 from fibray.workers.process import sandbox
 from fibray.workers.quiesce import Quiet
 from fibray.workers.process.channel import (
@@ -47,10 +49,15 @@ class RemoteCalls:
     """run_job's candidate side, answered by an executor process under deadlines."""
 
     def __init__(self, ex: sandbox.Executor, job: Job, phase: Phases, quiet: Optional[Quiet] = None,
-                 stopwatch: Optional[Stopwatch] = None) -> None:
+                 stopwatch: Optional[Stopwatch] = None, step_clock: Optional[StepClock] = None) -> None:
         self.ex, self.job, self.phase, self.quiet = ex, job, phase, quiet
         self.stopwatch = stopwatch
         """What the timing bound reads around a request (ExecutorStopwatch on a CPU slot; None: the wall)."""
+        self.step_clock = step_clock
+        """Where every timed call is to be clocked here (a CPU slot that accounts the executor's CPU:
+        fibray.timing.steps); None: the request alone is."""
+        self.observed: Optional[list[float]] = None
+        """The last timing's reading around each timed call, ms (StepClock.reading_ms)."""
         self.run_spent = 0.0
         """Seconds the executor has spent on this job's run requests: the run deadline counts these
         only, not the time the job waited between them, nor the time it was stopped (other lanes' timings)."""
@@ -66,11 +73,14 @@ class RemoteCalls:
         """Processes of the executor's memory cgroup the kernel had ended when the job started: one more
         after a call (a child the candidate started went over the bound, its executor lived on) fails it."""
 
-    def _ask(self, req: Request, deadline: float, phase: str, fds: Optional[list[int]] = None) -> Reply:
+    def _ask(self, req: Request, deadline: float, phase: str, fds: Optional[list[int]] = None,
+             during: Optional[Callable[[float], None]] = None) -> Reply:
         try:
             send(self.ex.conn, req)
             if fds:
                 send_fds(self.ex.conn, fds)
+            if during is not None:
+                during(deadline)
             reply = checked(answer(self.ex, deadline, self.quiet, slack=self.job.settings.run_deadline_s))
             self.phase.add(reply.spent, prefix=f"{_PHASE_OF.get(req.op, req.op)}.")
             return reply
@@ -91,10 +101,10 @@ class RemoteCalls:
                 reason, detail = Reason.CRASHED, "executor closed its channel"
             raise ExecutorFault(Status.RUNTIME_ERROR, reason, f"{detail} during {phase}\n{self.ex.output_tail()}") from None
 
-    def _run(self, req: Request, fds: Optional[list[int]] = None) -> Reply:
+    def _run(self, req: Request, fds: Optional[list[int]] = None, during: Optional[Callable[[float], None]] = None) -> Reply:
         t0, s0 = time.monotonic(), self._stopped()
         try:
-            return self._ask(req, t0 + max(0.0, self.job.settings.run_deadline_s - self.run_spent), "run", fds)
+            return self._ask(req, t0 + max(0.0, self.job.settings.run_deadline_s - self.run_spent), "run", fds, during)
         finally:
             self.run_spent += max(0.0, time.monotonic() - t0 - (self._stopped() - s0))
 
@@ -161,17 +171,116 @@ class RemoteCalls:
         self._timing_request(Request(Op.PREPARE_TIME, job, timing=timing))
 
     def time(self, job: Job, seeds: list[int]) -> TimeResult:
-        result = self._expect(self._timing_request(Request(Op.TIME, job, seeds=seeds)), TimeResult)
+        """The timing request; on a CPU slot that accounts the executor's CPU (step_clock), with this
+        side's own reading around every timed call (`observed`, fibray.timing.steps)."""
+        self.observed = None
+        if self.step_clock is None:
+            reply = self._timing_request(Request(Op.TIME, job, seeds=seeds))
+        else:
+            stepper = _Stepper(self.ex.conn, self.step_clock)
+            try:
+                reply = self._timing_request(Request(Op.TIME, job, seeds=seeds, step=True), fds=stepper.theirs,
+                                             during=stepper.run)
+            except CandidateCallFailed:
+                if stepper.out_of_order is None:
+                    raise
+            finally:
+                stepper.close()
+            if stepper.out_of_order is not None:
+                raise BoundBroken(Reason.BAD_TIMING_REPORT, f"the executor's steps around its timed calls were out of "
+                                                            f"order: {stepper.out_of_order}")
+            self.observed = stepper.readings
+        result = self._expect(reply, TimeResult)
         left = self._after_call()
         return result if result.failure is not None or left is None else TimeResult(failure=left)
 
-    def _timing_request(self, req: Request) -> Reply:
-        reply = self._run(req)
+    def _timing_request(self, req: Request, fds: Optional[list[int]] = None,
+                        during: Optional[Callable[[float], None]] = None) -> Reply:
+        reply = self._run(req, fds, during)
         if not reply.ok:
             if reply.reason in POISONING_REASONS:
                 raise ExecutorFault(Status(reply.status or "RUNTIME_ERROR"), reply.reason, reply.error)
             raise CandidateCallFailed(reply.status or Status.RUNTIME_ERROR, reply.reason or Reason.EXCEPTION, reply.error)
         return reply
+
+
+class _Stepper:
+    """This side of a stepped timing (fibray.timing.steps): its clocks read around every timed call,
+    the executor blocked at both ends. `theirs` are the executor's ends of the two pipes, sent with
+    the request and closed here once sent (so that an executor gone shows as the end of its pipe)."""
+
+    def __init__(self, conn, clock: StepClock) -> None:
+        self.conn, self.clock = conn, clock
+        to_ex, from_ex = os.pipe(), os.pipe()
+        self.to_ex, self.from_ex = to_ex[1], from_ex[0]
+        self.theirs = [to_ex[0], from_ex[1]]
+        self.readings: list[float] = []
+        """Per timed call, ms (StepClock.reading_ms)."""
+        self.out_of_order: Optional[str] = None
+
+    def run(self, deadline: float) -> None:
+        """Step the executor through its timed calls until its reply is on the channel."""
+        self._close(self.theirs)
+        while True:
+            if not self._say(steps.BOOKKEEP):
+                return
+            got = self._next(deadline, reply_ends=True)
+            if got is None:
+                return
+            if got != steps.READY:
+                return self._bad(f"{got!r} where {steps.READY!r} was due")
+            before = self.clock.read()
+            if not self._say(steps.GO):
+                return
+            got = self._next(deadline, reply_ends=False)
+            if got != steps.DONE:
+                return self._bad(f"{got!r} where {steps.DONE!r} was due")
+            self.readings.append(self.clock.reading_ms(before, self.clock.read()))
+
+    def _say(self, byte: bytes) -> bool:
+        if self.to_ex < 0:
+            return False
+        try:
+            os.write(self.to_ex, byte)
+            return True
+        except OSError:  # the executor closed its end: its reply, or its exit, is on the channel
+            return False
+
+    def _next(self, deadline: float, reply_ends: bool) -> Optional[bytes]:
+        """The executor's next step byte; None once its reply (or its end) is there instead."""
+        waiting = [self.from_ex, self.conn] if reply_ends else [self.from_ex]
+        ready = wait(waiting, timeout=max(0.0, deadline - time.monotonic()))
+        if not ready:
+            raise DeadlineExceeded()
+        if self.from_ex not in ready:
+            return None
+        got = os.read(self.from_ex, 1)
+        return got or None
+
+    def _bad(self, what: str) -> None:
+        self.out_of_order = what
+        self._close_ours(from_ex=False)  # its next step fails, and so its timing
+
+    @staticmethod
+    def _close(fds: list[int]) -> None:
+        for fd in fds:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        fds.clear()
+
+    def _close_ours(self, from_ex: bool = True) -> None:
+        if self.to_ex >= 0:
+            self._close([self.to_ex])
+            self.to_ex = -1
+        if from_ex and self.from_ex >= 0:
+            self._close([self.from_ex])
+            self.from_ex = -1
+
+    def close(self) -> None:
+        self._close(self.theirs)
+        self._close_ours()
 
 
 def answer(ex: sandbox.Executor, deadline: float, quiet: Optional[Quiet], slack: float = 0.0) -> Reply:
@@ -224,4 +333,4 @@ class CalibrationSide:
             mem.close()
         if result.failure is not None:
             raise RuntimeError(f"the timing calibration kernel failed: {result.failure.reason}: {result.failure.log}")
-        return Timing(result.samples_ms, result.mode, result.sync_overhead_ms)
+        return Timing(result.samples_ms, result.mode, result.sync_overhead_ms, observed_ms=self.calls.observed)

@@ -33,7 +33,7 @@ from fibray.schema import EvalSettings, Evaluation, EvaluationStatus, Job, JobRe
 from fibray.timing.bound import Overhead, Stopwatch, calibrate, calibration_job
 from fibray.timing.roofline import device_caps
 from fibray.timing.timer import round_trips_s
-from fibray.workers.cpu_clock import cpu_stopwatch
+from fibray.workers.cpu_clock import StepClock, cpu_stopwatch
 from fibray.workers.gpu_lock import GpuLock, LaneGpu
 from fibray.workers.process import sandbox
 from fibray.workers.process.forkserver import ForkedProcess
@@ -488,6 +488,14 @@ class GpuSlot:
                         "reports may break it on a loaded host")
         return cpu_stopwatch(ex.executor_pid(), ex.cgroup.usage_s if counted else None)
 
+    def _step_clock(self, ex: sandbox.Executor) -> Optional[StepClock]:
+        """On a CPU slot whose executors' CPU is accounted (a cgroup), the clock the supervisor reads
+        around every timed call (fibray.timing.steps). None elsewhere: a GPU's calls are queued ahead,
+        and without the account a call's reading would carry the host's waits."""
+        if self.device.type != "cpu" or ex.cgroup is None or not ex.cgroup.counts_cpu:
+            return None
+        return StepClock(ex.executor_pid(), ex.cgroup.usage_s)
+
     def _overhead_for(self, s: EvalSettings, pristine: Optional[sandbox.Executor] = None) -> Overhead:
         """The per-slot timing overhead for this timing mode, calibrated once on an executor no
         candidate has used (`pristine`, or a single-use one retired after)."""
@@ -498,7 +506,8 @@ class GpuSlot:
             ex = pristine if pristine is not None else self._take_fresh()
             try:
                 first = calibration_job(s, 1)
-                calls = CalibrationSide(RemoteCalls(ex, first, Phases(), self.quiet, self._stopwatch(ex)), self.judge)
+                calls = CalibrationSide(RemoteCalls(ex, first, Phases(), self.quiet, self._stopwatch(ex),
+                                                    self._step_clock(ex)), self.judge)
 
                 def finish(job: Job) -> None:
                     send(ex.conn, Request(Op.FINISH, job))
@@ -603,7 +612,7 @@ class GpuSlot:
                          phases=phase)
 
     def _run(self, ex: sandbox.Executor, job: Job, phase: Phases) -> tuple[Optional[Evaluation], Optional[ExecutorFault]]:
-        calls = RemoteCalls(ex, job, phase, self.quiet, self._stopwatch(ex))
+        calls = RemoteCalls(ex, job, phase, self.quiet, self._stopwatch(ex), self._step_clock(ex))
         with phase("calibration"):
             overhead = self._overhead_for(job.settings)
         try:

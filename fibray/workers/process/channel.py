@@ -86,6 +86,9 @@ class Request(BaseModel):
     """With PREPARE_TIME."""
     seeds: Optional[list[int]] = None
     """With TIME: the secret seed of each timed call's input change."""
+    step: bool = False
+    """With TIME: two pipe descriptors follow, for the supervisor to clock every timed call
+    (fibray.timing.steps)."""
 
     def __init__(self, op: Op | str, job: Optional[Job] = None, trial: int = 0, **kw: Any) -> None:
         super().__init__(op=op, job=job, trial=trial, **kw)

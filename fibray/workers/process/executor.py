@@ -49,6 +49,7 @@ def main(argv: list[str] | None = None) -> None:
 
     prepare_triton(args.device)
     from fibray.evaluate.candidate import CandidateRunner, classify_exception
+    from fibray.timing.steps import StepPipe
     from fibray.workers.process.channel import Arena, ChannelClosed, Health, Hello, Op, Reply, Request, recv, recv_fds, send
 
     device = torch.device(args.device)
@@ -107,7 +108,12 @@ def main(argv: list[str] | None = None) -> None:
                 runner.prepare_time(req.job, req.timing)
                 reply = Reply(True)
             elif req.op == Op.TIME:
-                reply = Reply(True, runner.time(req.job, req.seeds or []))
+                step = StepPipe(*recv_fds(conn, 2)) if req.step else None
+                try:
+                    reply = Reply(True, runner.time(req.job, req.seeds or [], step))
+                finally:
+                    if step is not None:
+                        step.close()
             elif req.op == Op.WARM:
                 failure = runner.warm(req.job)
                 reply = Reply(True) if failure is None else Reply(False, error=failure.log, status=failure.status,

@@ -1,0 +1,58 @@
+"""The executor's side of a stepped CPU timing: the supervisor's clock around every timed call.
+
+On a CPU slot the supervisor reads its own clocks (the wall, the executor cgroup's CPU seconds)
+around each timed call, not only around the whole timing request: an executor's report that its
+calls took a fraction of what those readings show is a lie however fast the kernel is. Before
+timed call i the executor waits for the supervisor's b"b", makes the call's input change and
+buffers ready, writes b"r" and waits for b"g"; it makes the call and writes b"d". The supervisor
+reads its clocks after b"r" (the executor blocked) and after b"d" (blocked again, until the next
+b"b"), so what lies between them is the call and two system calls. Work the executor does between
+calls instead (its own input changes and copies, and whatever candidate code moves there) stays
+under the bound on the whole request (fibray.timing.bound).
+"""
+
+from __future__ import annotations
+
+import os
+
+_read = os.read
+_write = os.write
+_close = os.close
+
+BOOKKEEP, READY, GO, DONE = b"b", b"r", b"g", b"d"
+
+
+class StepBroken(Exception):
+    """The supervisor's side of the steps went away or answered out of order."""
+
+
+class StepPipe:
+    """The executor's ends of the two step pipes: `rfd` from the supervisor, `wfd` to it."""
+
+    def __init__(self, rfd: int, wfd: int) -> None:
+        self.rfd, self.wfd = rfd, wfd
+
+    def _expect(self, byte: bytes) -> None:
+        got = _read(self.rfd, 1)
+        if got != byte:
+            raise StepBroken(f"expected {byte!r} from the supervisor before a timed call, got {got!r}")
+
+    def begin(self) -> None:
+        """Before a timed call's input change and buffers."""
+        self._expect(BOOKKEEP)
+
+    def ready(self) -> None:
+        """Right before the call: the supervisor starts its clocks and says go."""
+        _write(self.wfd, READY)
+        self._expect(GO)
+
+    def done(self) -> None:
+        """Right after the call."""
+        _write(self.wfd, DONE)
+
+    def close(self) -> None:
+        for fd in (self.rfd, self.wfd):
+            try:
+                _close(fd)
+            except OSError:
+                pass
