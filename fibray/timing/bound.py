@@ -60,10 +60,11 @@ short fails it on calls of tens of microseconds, where the bound on the whole re
 milliseconds. The lower quartile, not the median: a reading now and then carries CPU time of other
 threads of the executor (honest fp16 torch gemms of two timed calls, read at 3x their report in one
 call of two, were judged lies); a lie is in every reading."""
-STEP_SLACK_MS = 0.02
-"""Milliseconds a stepped call's reading may exceed STEP_FACTOR times the report's median: the
-readings of calls that do almost nothing varied by ~10 us about the calibrated stepping cost under
-two busy lanes on a two-core host. A broken step check is a verdict at once: it is the lower quartile of
+STEP_SLACK_MS = 0.05
+"""Milliseconds a stepped call's reading may exceed STEP_FACTOR times the report's median: calls that
+do almost nothing (3 us by their report) read 26 us over the calibrated stepping cost in three calls
+of four, under two busy lanes in CI on a two-core virtual machine (waking another process costs
+more there than at the calibration). A broken step check is a verdict at once: it is the lower quartile of
 every call, which no hiccup of the host moves (the bound on the whole request is tried again)."""
 STEP_SWITCHES = 2
 """Voluntary context switches a stepped call adds to the executor's main thread (it blocks for the

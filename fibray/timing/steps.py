@@ -8,7 +8,8 @@ buffers ready, writes b"r" and waits for b"g"; it makes the call and writes b"d"
 reads its clocks after b"r" (the executor blocked) and after b"d" (blocked again, until the next
 b"b"), so what lies between them is the call and two system calls. Work the executor does between
 calls instead (its own input changes and copies, and whatever candidate code moves there) stays
-under the bound on the whole request (fibray.timing.bound).
+under the bound on the whole request (fibray.timing.bound). After the last call the executor waits
+for one more b"b" (StepPipe.end) before it goes on.
 """
 
 from __future__ import annotations
@@ -49,6 +50,11 @@ class StepPipe:
     def done(self) -> None:
         """Right after the call."""
         _write(self.wfd, DONE)
+
+    def end(self) -> None:
+        """After the last call: the supervisor reads its clocks after it, with this process blocked
+        here, before its timing's own work after the calls (the copy of the last outputs, the reply)."""
+        self._expect(BOOKKEEP)
 
     def close(self) -> None:
         for fd in (self.rfd, self.wfd):

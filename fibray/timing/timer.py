@@ -194,6 +194,8 @@ def time_calls(
                 step.done()
             if adaptive and _settled(samples):
                 break
+        if step is not None:
+            step.end()
         timing = Timing(samples, "wall_clock")
     if adaptive:
         timing.mode += "+adaptive"

@@ -224,7 +224,7 @@ class _Stepper:
         while True:
             if not self._say(steps.BOOKKEEP):
                 return
-            got = self._next(deadline, reply_ends=True)
+            got = self._next(deadline)
             if got is None:
                 return
             if got != steps.READY:
@@ -232,7 +232,9 @@ class _Stepper:
             before = self.clock.read()
             if not self._say(steps.GO):
                 return
-            got = self._next(deadline, reply_ends=False)
+            got = self._next(deadline)
+            if got is None:  # the call failed: its reply says how
+                return
             if got != steps.DONE:
                 return self._bad(f"{got!r} where {steps.DONE!r} was due")
             self.readings.append(self.clock.reading_ms(before, self.clock.read()))
@@ -246,10 +248,10 @@ class _Stepper:
         except OSError:  # the executor closed its end: its reply, or its exit, is on the channel
             return False
 
-    def _next(self, deadline: float, reply_ends: bool) -> Optional[bytes]:
-        """The executor's next step byte; None once its reply (or its end) is there instead."""
-        waiting = [self.from_ex, self.conn] if reply_ends else [self.from_ex]
-        ready = wait(waiting, timeout=max(0.0, deadline - time.monotonic()))
+    def _next(self, deadline: float) -> Optional[bytes]:
+        """The executor's next step byte; None once its reply (or its end) is there instead: the timing
+        ended, or a call failed, and the reply says how."""
+        ready = wait([self.from_ex, self.conn], timeout=max(0.0, deadline - time.monotonic()))
         if not ready:
             raise DeadlineExceeded()
         if self.from_ex not in ready:
