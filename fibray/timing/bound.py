@@ -360,8 +360,7 @@ def calibrate(side: TimingSide, s: EvalSettings, device_type: str, finish: Calla
     first of them of a CALIBRATION_BIG_N copy (a host's hiccup only ever adds, and an overhead it
     inflated would loosen every bound of the slot)."""
     watch = stopwatch or WallStopwatch()
-    seen: list[list[tuple[int, Window, float]]] = []
-    steps: list[int] = []
+    seen: list[list[tuple[int, Window, float, int]]] = []  # calls, window, median (s), calls stepped
     step_ms: list[float] = []
     points = [(CALIBRATION_ITERATIONS[0], _CALIBRATION_N, 1),  # warms up
               *((i, _CALIBRATION_N, CALIBRATION_REPEATS) for i in CALIBRATION_ITERATIONS),
@@ -378,19 +377,16 @@ def calibrate(side: TimingSide, s: EvalSettings, device_type: str, finish: Calla
             timing = side.time(job)
             window = watch.stop()
             median_s = _median(timing.samples_ms) / 1e3
-            seen[-1].append((_calls_made(job.settings, device_type), window, median_s))
             observed = timing.observed_ms or []
-            steps.append(len(observed))
+            seen[-1].append((_calls_made(job.settings, device_type), window, median_s, len(observed)))
             if observed and len(observed) == len(timing.samples_ms) and size == _CALIBRATION_N:
                 step_ms.append(_median([o - v for o, v in zip(observed, timing.samples_ms)]))
         finish(job)
-    windows = [w for point in seen for _, w, _ in point]
-    counted = [w.switches - STEP_SWITCHES * n for w, n in zip(windows, steps) if w.switches is not None]
+    counted = [w.switches - STEP_SWITCHES * n for point in seen for _, w, _, n in point if w.switches is not None]
     quiet = max(0, max(counted)) if counted else None  # a window not counted (a slow host) is read on its wall
-    stepped = dict(zip(map(id, windows), steps))
 
-    def least(point: list[tuple[int, Window, float]]) -> tuple[int, float, float]:
-        return min(((c, w.reading(quiet, stepped[id(w)]), m) for c, w, m in point), key=lambda p: p[1] - p[0] * p[2])
+    def least(point: list[tuple[int, Window, float, int]]) -> tuple[int, float, float]:
+        return min(((c, w.reading(quiet, n), m) for c, w, m, n in point), key=lambda p: p[1] - p[0] * p[2])
 
     (c1, w1, m1), (c2, w2, m2), (c3, w3, m3) = least(seen[1]), least(seen[2]), least(seen[3])
     per_call = max(0.0, (w2 - c2 * m2 - (w1 - c1 * m1)) / (c2 - c1))

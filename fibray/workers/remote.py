@@ -212,7 +212,8 @@ class _Stepper:
     def __init__(self, conn, clock: StepClock) -> None:
         self.conn, self.clock = conn, clock
         to_ex, from_ex = os.pipe(), os.pipe()
-        self.to_ex, self.from_ex = to_ex[1], from_ex[0]
+        self.to_ex: Optional[int] = to_ex[1]
+        self.from_ex: Optional[int] = from_ex[0]
         self.theirs = [to_ex[0], from_ex[1]]
         self.readings: list[float] = []
         """Per timed call, ms (StepClock.reading_ms)."""
@@ -220,7 +221,7 @@ class _Stepper:
 
     def run(self, deadline: float) -> None:
         """Step the executor through its timed calls until its reply is on the channel."""
-        self._close(self.theirs)
+        self._close_theirs()
         while True:
             if not self._say(steps.BOOKKEEP):
                 return
@@ -240,7 +241,7 @@ class _Stepper:
             self.readings.append(self.clock.reading_ms(before, self.clock.read()))
 
     def _say(self, byte: bytes) -> bool:
-        if self.to_ex < 0:
+        if self.to_ex is None:
             return False
         try:
             os.write(self.to_ex, byte)
@@ -261,28 +262,20 @@ class _Stepper:
 
     def _bad(self, what: str) -> None:
         self.out_of_order = what
-        self._close_ours(from_ex=False)  # its next step fails, and so its timing
+        os.close(self.to_ex)  # its next step fails, and so its timing
+        self.to_ex = None
 
-    @staticmethod
-    def _close(fds: list[int]) -> None:
-        for fd in fds:
-            try:
-                os.close(fd)
-            except OSError:
-                pass
-        fds.clear()
-
-    def _close_ours(self, from_ex: bool = True) -> None:
-        if self.to_ex >= 0:
-            self._close([self.to_ex])
-            self.to_ex = -1
-        if from_ex and self.from_ex >= 0:
-            self._close([self.from_ex])
-            self.from_ex = -1
+    def _close_theirs(self) -> None:
+        while self.theirs:
+            os.close(self.theirs.pop())
 
     def close(self) -> None:
-        self._close(self.theirs)
-        self._close_ours()
+        self._close_theirs()
+        for name in ("to_ex", "from_ex"):
+            fd = getattr(self, name)
+            if fd is not None:
+                os.close(fd)
+                setattr(self, name, None)
 
 
 def answer(ex: sandbox.Executor, deadline: float, quiet: Optional[Quiet], slack: float = 0.0) -> Reply:

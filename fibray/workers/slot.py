@@ -17,7 +17,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import torch
 
@@ -480,21 +480,25 @@ class GpuSlot:
         busy machine); on a GPU slot the timed window holds the GPU alone and the wall is read."""
         if self.device.type != "cpu":
             return None
-        counted = ex.cgroup is not None and ex.cgroup.counts_cpu
-        if not counted and not _NO_CGROUP_SAID:
+        account = self._cpu_account(ex)
+        if account is None and not _NO_CGROUP_SAID:
             _NO_CGROUP_SAID.append(True)
             log.warning("no cgroup could be made for CPU accounting (fibray runs unprivileged, or no cgroup "
-                        "hierarchy is writable): a CPU slot's timing bound reads the plain wall, and honest "
-                        "reports may break it on a loaded host")
-        return cpu_stopwatch(ex.executor_pid(), ex.cgroup.usage_s if counted else None)
+                        "hierarchy is writable): a CPU slot's timing bound reads the plain wall, no timed call "
+                        "is clocked on its own, and honest reports may break the bound on a loaded host")
+        return cpu_stopwatch(ex.executor_pid(), account)
 
     def _step_clock(self, ex: sandbox.Executor) -> Optional[StepClock]:
         """On a CPU slot whose executors' CPU is accounted (a cgroup), the clock the supervisor reads
         around every timed call (fibray.timing.steps). None elsewhere: a GPU's calls are queued ahead,
         and without the account a call's reading would carry the host's waits."""
-        if self.device.type != "cpu" or ex.cgroup is None or not ex.cgroup.counts_cpu:
-            return None
-        return StepClock(ex.executor_pid(), ex.cgroup.usage_s)
+        account = self._cpu_account(ex) if self.device.type == "cpu" else None
+        return StepClock(ex.executor_pid(), account) if account is not None else None
+
+    @staticmethod
+    def _cpu_account(ex: sandbox.Executor) -> Optional[Callable[[], float]]:
+        """The executor cgroup's CPU seconds, where its cgroup counts them."""
+        return ex.cgroup.usage_s if ex.cgroup is not None and ex.cgroup.counts_cpu else None
 
     def _overhead_for(self, s: EvalSettings, pristine: Optional[sandbox.Executor] = None) -> Overhead:
         """The per-slot timing overhead for this timing mode, calibrated once on an executor no
