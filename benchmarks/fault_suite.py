@@ -29,7 +29,7 @@ def main() -> int:
     import torch
     import yaml
 
-    from _sweep_helpers import designed_verdict, smoke_config
+    from _sweep_helpers import designed_verdict, meets_extra, smoke_config
     from fibray.store import TraceStore
     from fibray.sweep import run_sweep
     from fibray.schema.reasons import FAULT_REASONS
@@ -77,11 +77,10 @@ def main() -> int:
     print(f"{'solution':42s} {'axes':22s} {'status':20s} {'reason':22s} {'isolation':10s} esc  timing         lat_ms   ok")
     for r in rows:
         name = r["solution"]
-        want = tuple(expected[name]) if name in expected else designed_verdict(name, "rmsnorm_h4096")
-        want, variant = want[:2], (want[2:] or [None])[0]
-        got = (r["status"], r["reason"])
+        entry = expected[name] if name in expected else list(designed_verdict(name, "rmsnorm_h4096"))
+        want, got = tuple(entry[:2]), (r["status"], r["reason"])
         ok = got == want or (r["reason"] == "quarantined" and want[1] in FAULT_REASONS and r["status"] == want[0])
-        ok = ok and (variant is None or str(r["timing_mode"]).endswith("+" + variant))
+        ok = ok and meets_extra(entry, r["timing_mode"], r["latency_ms"])
         bad += not ok
         lat = f"{r['latency_ms']:.4f}" if r["latency_ms"] else "-"
         print(f"{name:42s} {r['axes']:22s} {r['status']:20s} {str(r['reason']):22s} {r['isolation']:10s} "

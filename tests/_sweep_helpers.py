@@ -29,6 +29,23 @@ def designed_verdict(solution: str, definition: str) -> tuple[str, Any]:
     return DESIGNED[solution.removeprefix(definition + "_")]
 
 
+def expected_verdict(entry: list) -> tuple[str, Any]:
+    """(status, reason) of an entry of tests/fault_expectations*.json."""
+    return entry[0], entry[1]
+
+
+def meets_extra(entry: list, timing_mode: Any, latency_ms: Any) -> bool:
+    """An entry's optional third item against a row: a string is the suffix its timing mode must end in
+    ("host_bound": a GPU slot kept a lie's timing at its own clock); a number, the least latency (ms) the
+    row may show (an attack that no longer pays: its honest kernel's time)."""
+    if len(entry) < 3:
+        return True
+    extra = entry[2]
+    if isinstance(extra, str):
+        return str(timing_mode).endswith("+" + extra)
+    return latency_ms is not None and latency_ms >= extra
+
+
 def smoke_config(store: Path, **overrides: Any) -> SweepConfig:
     """The smoke experiment as `python -m fibray.sweep +experiment=smoke` composes it (conf/config.yaml
     with conf/experiment/smoke.yaml), writing to `store`, without a progress line, and with

@@ -17,7 +17,7 @@ from fibray.store import TraceStore, scan
 from fibray.sweep import run_sweep
 from fibray.schema.reasons import FAULT_REASONS
 from fibray.workers.process.sandbox import network_namespaces_available
-from _sweep_helpers import REPO, designed_verdict, reachable_tmpdir, smoke_config
+from _sweep_helpers import REPO, designed_verdict, expected_verdict, meets_extra, reachable_tmpdir, smoke_config
 
 pytestmark = pytest.mark.slow  # every test here runs real sweeps, Ray, compilers or sandboxed processes
 
@@ -71,13 +71,14 @@ def test_every_offender_gets_its_status_and_reason(sweeps):
         name = row["solution"]
         if name == PROBE:
             continue
-        status, reason = EXPECTED[name] if name in EXPECTED else designed_verdict(name, row["definition"])
+        status, reason = expected_verdict(EXPECTED[name]) if name in EXPECTED else designed_verdict(name, row["definition"])
         if row["reason"] == "quarantined":
             quarantined += 1
             assert reason in FAULT_REASONS and row["status"] == status, name
             assert "quarantined after 2 faults" in row["log"]
             continue
         assert (row["status"], row["reason"]) == (status, reason), f"{name}: {row['log'][-500:]}"
+        assert meets_extra(EXPECTED.get(name, []), row["timing_mode"], row["latency_ms"]), (name, row["latency_ms"])
         if reason in FAULT_REASONS:
             assert row["isolation"] == "isolated", name  # escalated, or isolated after an earlier fault
     assert quarantined >= 1, "no solution reached the quarantine"

@@ -265,7 +265,7 @@ def test_every_offender_gets_its_verdict_with_two_lanes(tmp_path, local_ray):
     each still gets its designed status and reason."""
     from fibray.schema.reasons import FAULT_REASONS
     from test_faults import EXPECTED, PROBE, _config
-    from _sweep_helpers import REPO, designed_verdict
+    from _sweep_helpers import REPO, designed_verdict, expected_verdict, meets_extra
 
     workdir = reachable_tmpdir("fibray-faults-lanes-")
     try:
@@ -279,11 +279,12 @@ def test_every_offender_gets_its_verdict_with_two_lanes(tmp_path, local_ray):
         name = row["solution"]
         if name == PROBE:  # its verdict depends on the sandbox (tests/test_faults.py checks it)
             continue
-        status, reason = EXPECTED[name] if name in EXPECTED else designed_verdict(name, row["definition"])
+        status, reason = expected_verdict(EXPECTED[name]) if name in EXPECTED else designed_verdict(name, row["definition"])
         if row["reason"] == "quarantined":
             assert reason in FAULT_REASONS and row["status"] == status, name
             continue
         assert (row["status"], row["reason"]) == (status, reason), f"{name}: {row['log'][-500:]}"
+        assert meets_extra(EXPECTED.get(name, []), row["timing_mode"], row["latency_ms"]), (name, row["latency_ms"])
 
 
 _TICKER = '''import time
