@@ -80,6 +80,40 @@ def test_a_calls_own_bytes_explain_the_executors_work_between_calls():
         check_report(Timing(samples, "wall_clock"), lie_wall, s, overhead, "cpu", nbytes)
 
 
+STEPPED = Overhead(fixed_s=0.002, per_call_s=20e-6, step_ms=0.005, between_ms=0.01, store_ms=0.05,
+                   store_byte_ms=0.25 / 65536)
+
+
+def _stepped(between: float, n: int = 40) -> Timing:
+    """A stepped CPU report of 10 us calls that the supervisor read at 15 us, with `between` ms of the
+    executor's CPU before each."""
+    return Timing([0.01] * n, "wall_clock", observed_ms=[0.015] * n, between_ms=[between] * n)
+
+
+def test_a_stepped_report_holds_the_executors_cpu_between_calls():
+    """Calls whose work is done between them, in code of the executor's process (its handling of a
+    result, rebound): each call reads as 15 us, and 0.5 ms of CPU lies before each. That CPU is the
+    calls'; the stepping's own (between_ms) is not."""
+    wall = 0.01  # within the bound on the whole request: the steps decide
+    s = EvalSettings(warmup=10, iterations=40, trials=1)
+    check_report(_stepped(0.012), wall, s, STEPPED, "cpu")
+    with pytest.raises(BoundBroken) as e:
+        check_report(_stepped(0.5), wall, s, STEPPED, "cpu")
+    assert e.value.reason == "timing_below_observed" and not e.value.retry
+    assert "between calls" in e.value.message
+
+
+def test_a_value_returning_calls_copy_of_its_result_is_allowed_between_calls():
+    """A value-returning call's result is copied into the region between calls (0.3 ms for 64 KiB
+    here): allowed for such a call, in proportion to its bytes, and not for a DPS call, which has none."""
+    wall, s = 0.01, EvalSettings(warmup=10, iterations=40, trials=1)
+    check_report(_stepped(0.3), wall, s, STEPPED, "cpu", returned_bytes=65536)
+    with pytest.raises(BoundBroken):
+        check_report(_stepped(0.3), wall, s, STEPPED, "cpu", returned_bytes=None)
+    with pytest.raises(BoundBroken):
+        check_report(_stepped(0.3), wall, s, STEPPED, "cpu", returned_bytes=1024)
+
+
 GPU = EvalSettings(warmup=10, iterations=50, trials=3)
 H200_OVERHEAD = Overhead(fixed_s=0.22e-3, per_call_s=35e-6)  # a slot's calibration on the H200 (RESULTS.md)
 
@@ -244,7 +278,8 @@ def slot():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["timer_rebinding", "timer_rebinding_fast", "timer_clock", "hides_in_reaped_children"])
+@pytest.mark.parametrize("name", ["timer_rebinding", "timer_rebinding_fast", "timer_clock", "hides_in_reaped_children",
+                                  "works_between_calls"])
 def test_a_rebound_timer_is_caught_by_the_supervisors_clock(slot, name):
     sol = _candidate(name)
     pid = slot.active.pid

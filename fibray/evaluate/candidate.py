@@ -373,9 +373,10 @@ class CandidateRunner:
         place; as call i+1 is prepared, call i's outputs are copied where the supervisor reads them (a
         value-returning call's result; a DPS call's buffers into their snapshot, on a CPU), so that
         what the supervisor judges is what existed at the end mark. `step`: the supervisor clocks every
-        timed call (a CPU timing: fibray.timing.steps)."""
+        timed call (a CPU timing: fibray.timing.steps); it then changes the inputs and takes a DPS call's
+        snapshot itself, between the steps (fibray.evaluate.memory.SupervisorSteps), and sends no seeds."""
         plan = self._plans[job.job_id]  # kept: a timing the supervisor doubts is run again
-        if len(seeds) != plan.calls:
+        if step is None and len(seeds) != plan.calls:
             raise ValueError(f"a timing request carries {len(seeds)} seeds for {plan.calls} planned calls")
         plan.seeds = list(seeds)
         s, dps, k = job.settings, plan.runnable.destination_passing_style, len(plan.outs)
@@ -386,7 +387,7 @@ class CandidateRunner:
         def store(i: int) -> None:
             b = i % k
             if dps:
-                if plan.snaps:
+                if plan.snaps and step is None:
                     for src, dst in zip(plan.outs[b], plan.snaps[b]):
                         _copy(dst, src)
                 return
@@ -403,7 +404,8 @@ class CandidateRunner:
             if called:
                 store(called[-1])
             called.append(i)
-            _change_inputs(plan.changes[i % n_sets], plan.seeds[i])
+            if step is None:
+                _change_inputs(plan.changes[i % n_sets], plan.seeds[i])
             if dps:
                 plan.arg_sets[i % n_sets][n_in:] = plan.outs[i % k]
 

@@ -94,7 +94,7 @@ class Layout(BaseModel):
     timed: list[int]
     """Output set of timed buffer b; timed call i writes buffer i % len(timed)."""
     snapshots: list[int]
-    """Per timed buffer, where the executor copies its outputs as the call returns (CPU, DPS): a change after return shows."""
+    """Per timed buffer, where its outputs are copied as the call returns (CPU, DPS): a change after return shows."""
 
     def trial_set(self, t: int) -> int:
         return t
@@ -104,6 +104,11 @@ class Layout(BaseModel):
         (the input change, the copy of the outputs) grows with."""
         return (sum(a.place.nbytes for a in self.inputs[0] if a.place is not None)
                 + sum(p.nbytes for p in self.outputs[self.scratch]))
+
+    def returned_bytes(self) -> Optional[int]:
+        """Bytes of a value-returning call's results, which the executor copies into the region after the
+        call; None for a DPS call (it writes the region itself)."""
+        return None if self.dps else sum(p.nbytes for p in self.outputs[self.scratch])
 
 
 def _dtype(name: str) -> torch.dtype:
@@ -346,6 +351,34 @@ def draw_seeds(n: int) -> list[int]:
 # --------------------------------------------------------------------------------------------
 # the supervisor's side
 # --------------------------------------------------------------------------------------------
+class SupervisorSteps:
+    """The supervisor's work between the calls of a stepped CPU timing (fibray.timing.steps), done on its
+    own mapping of the job's region while the executor is blocked: before timed call i, its input set's
+    change (InputChanges, from `seeds[i]`, which the executor is never sent, so it cannot work out a
+    call's inputs ahead); right after call i returned, on a DPS call, the copy of its output buffers into
+    their snapshot (what existed at the end mark). The executor then does nothing between calls but
+    a value-returning call's copy of its result, and the supervisor holds what else it does there
+    against the calls (fibray.timing.bound, the steps' check)."""
+
+    def __init__(self, layout: Layout, region: Region, seeds: list[int]) -> None:
+        sets = [args_of(region, row) for row in layout.inputs]
+        self.changes, self.n_sets, self.seeds = InputChanges.of_sets(sets), len(sets), list(seeds)
+        self.outs = [outputs_of(region, layout.outputs[k]) for k in layout.timed]
+        self.snaps = [outputs_of(region, layout.outputs[k]) for k in layout.snapshots]
+
+    def calls(self) -> int:
+        return len(self.seeds)
+
+    def before(self, i: int) -> None:
+        self.changes[i % self.n_sets].apply(self.seeds[i])
+
+    def after(self, i: int) -> None:
+        if self.snaps:
+            b = i % len(self.outs)
+            for src, dst in zip(self.outs[b], self.snaps[b]):
+                dst.copy_(src)
+
+
 def _poisoned_fully(p: Place) -> bool:
     """Whether poison_ writes every byte of the buffer (not fp8, which it leaves as it is)."""
     dtype = _dtype(p.dtype)

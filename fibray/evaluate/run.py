@@ -135,7 +135,7 @@ def _bounded_time(job: Job, judge: Judge, calls, mem: JobMemory, sets: list[list
         if result.failure is not None:
             raise _TimedCallsFailed(result)
         return Timing(result.samples_ms, result.mode, result.sync_overhead_ms,
-                      observed_ms=getattr(calls, "observed", None))
+                      observed_ms=getattr(calls, "observed", None), between_ms=getattr(calls, "between", None))
 
     def again() -> None:
         attempt[0] += 1
@@ -148,7 +148,7 @@ def _bounded_time(job: Job, judge: Judge, calls, mem: JobMemory, sets: list[list
     try:
         timing = bounded_time(once, job.settings, overhead, judge.device.type, prepare=again,
                               stopwatch=getattr(calls, "stopwatch", None), busy=getattr(calls, "busy_clock", None),
-                              nbytes=mem.layout.call_bytes())
+                              nbytes=mem.layout.call_bytes(), returned_bytes=mem.layout.returned_bytes())
     except _TimedCallsFailed as e:
         return e.result, attempt[0]
     finally:

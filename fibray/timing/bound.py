@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Optional, Protocol
 
 from fibray.schema import Definition, EvalSettings, Job, Solution, Workload
@@ -110,10 +110,26 @@ class Overhead:
     to the executor's own sample of it (two system calls), ms: the median over the calibration's
     calls. None where calls were not stepped."""
     per_byte_s: float = 0.0
-    """Per call and byte of its inputs and outputs, seconds, >= 0: what the executor's own work
-    between calls (the input change, the copy of the outputs where the supervisor reads them) adds
-    as a call's buffers grow. On a CPU that work outweighed an honest rmsnorm's own time, and was
-    judged a lie (timing_below_observed)."""
+    """Per call and byte of its inputs and outputs, seconds, >= 0: what the work between calls (the
+    input change, the copy of the outputs where the supervisor reads them) adds to the window as a
+    call's buffers grow. On a CPU that work outweighed an honest rmsnorm's own time, and was judged a
+    lie (timing_below_observed)."""
+    between_ms: Optional[float] = None
+    """On a stepped CPU timing, the executor's CPU time between two DPS calls (it only steps: the
+    supervisor changes the inputs and takes the snapshots), ms: the median over the calibration's
+    calls. None where calls were not stepped."""
+    store_ms: float = 0.0
+    """What a value-returning call's copy of its result adds to between_ms, ms, on a few bytes..."""
+    store_byte_ms: float = 0.0
+    """...and per byte of the result beyond them, ms."""
+
+    def between_allowed_ms(self, returned_bytes: Optional[int]) -> float:
+        """The executor's CPU time between two stepped calls that their readings do not count (the
+        steps, and a value-returning call's copy of its `returned_bytes`; None: a DPS call), ms."""
+        allowed = self.between_ms or 0.0
+        if returned_bytes is not None:
+            allowed += self.store_ms + BYTES_MARGIN * self.store_byte_ms * returned_bytes
+        return allowed
 
 
 @dataclass(frozen=True)
@@ -208,9 +224,9 @@ def explained_s(overhead: Overhead, s: EvalSettings, samples: list[float], devic
 
 
 def check_report(timing: Any, wall_s: float, s: EvalSettings, overhead: Overhead, device_type: str,
-                 nbytes: int = 0) -> None:
+                 nbytes: int = 0, returned_bytes: Optional[int] = None) -> None:
     """Raise BoundBroken when a timing report is malformed or below what the wall shows (`nbytes`:
-    a call's inputs and outputs)."""
+    a call's inputs and outputs; `returned_bytes`: Layout.returned_bytes)."""
     samples = getattr(timing, "samples_ms", None)
     if (not isinstance(timing, Timing) or not isinstance(samples, list) or not samples
             or len(samples) > max_calls(s, device_type)
@@ -218,7 +234,7 @@ def check_report(timing: Any, wall_s: float, s: EvalSettings, overhead: Overhead
         raise BoundBroken(Reason.BAD_TIMING_REPORT, "the executor's timing report is not a list of finite, non-negative "
                                                f"latencies of at most {max_calls(s, device_type)} calls")
     median_ms = _median(samples)
-    _check_steps(timing, samples, overhead)
+    _check_steps(timing, samples, overhead, returned_bytes)
     explained = explained_s(overhead, s, samples, device_type, nbytes)
     slack = BOUND_SLACK_S.get(device_type, BOUND_SLACK_S["cpu"])
     allowed = BOUND_FACTOR * explained + slack
@@ -231,21 +247,32 @@ def check_report(timing: Any, wall_s: float, s: EvalSettings, overhead: Overhead
             f"{wall_s * 1e3:.1f} ms (allowed {allowed * 1e3:.1f} ms: x{BOUND_FACTOR} + {slack * 1e3:.0f} ms)"))
 
 
-def _check_steps(timing: Timing, samples: list[float], overhead: Overhead) -> None:
-    """A stepped timing's report against the supervisor's reading around each of its calls."""
+def _check_steps(timing: Timing, samples: list[float], overhead: Overhead, returned_bytes: Optional[int] = None) -> None:
+    """A stepped timing's report against the supervisor's reading around each of its calls, each with
+    the executor's CPU time before it, since the call before, beyond what stepping and a value-returning
+    call's copy of its result take (Overhead.between_allowed_ms): work a candidate moves out of its
+    calls, into code of its process that runs between them, is the calls' work."""
     observed = timing.observed_ms
     if observed is None or overhead.step_ms is None:
         return
     if len(observed) != len(samples):
         raise BoundBroken(Reason.BAD_TIMING_REPORT, f"the executor reported {len(samples)} timed calls; the "
                                                     f"supervisor clocked {len(observed)}")
-    seen_ms = sorted(max(0.0, v - overhead.step_ms) for v in observed)[len(observed) // 4]
+    between = timing.between_ms if timing.between_ms is not None and len(timing.between_ms) == len(observed) else None
+    extra = [0.0] * len(observed)
+    if between is not None and overhead.between_ms is not None:
+        allowed = overhead.between_allowed_ms(returned_bytes)
+        extra = [max(0.0, b - allowed) for b in between]
+    seen = sorted((max(0.0, v - overhead.step_ms + e), e) for v, e in zip(observed, extra))[len(observed) // 4]
+    seen_ms, moved_ms = seen
     median_ms = _median(samples)
     if median_ms * STEP_FACTOR + STEP_SLACK_MS < seen_ms:
+        moved = f", {moved_ms:.4g} ms of it the executor's CPU between calls beyond their copies" if moved_ms else ""
         raise BoundBroken(Reason.TIMING_BELOW_OBSERVED, (
             f"reported median {median_ms:.4g} ms a call; the supervisor observed at least {seen_ms:.4g} ms around "
-            f"three in four of the {len(observed)} timed calls on its own clock (less {overhead.step_ms * 1e3:.1f} us "
-            f"of stepping; allowed x{STEP_FACTOR} + {STEP_SLACK_MS * 1e3:.0f} us)"), retry=False)
+            f"three in four of the {len(observed)} timed calls on its own clock{moved} (less "
+            f"{overhead.step_ms * 1e3:.1f} us of stepping; allowed x{STEP_FACTOR} + {STEP_SLACK_MS * 1e3:.0f} us)"),
+            retry=False)
 
 
 def host_bound_timing(timing: Timing, wall_s: float, s: EvalSettings, overhead: Overhead, device_type: str,
@@ -263,14 +290,14 @@ def host_bound_timing(timing: Timing, wall_s: float, s: EvalSettings, overhead: 
 def bounded_time(time_once: Callable[[], Timing], s: EvalSettings, overhead: Optional[Overhead],
                  device_type: str, prepare: Optional[Callable[[], None]] = None,
                  stopwatch: Optional[Stopwatch] = None, busy: Optional[Callable[[], float]] = None,
-                 nbytes: int = 0) -> Timing:
+                 nbytes: int = 0, returned_bytes: Optional[int] = None) -> Timing:
     """Time through `time_once` under the supervisor's `stopwatch` (the kind the overhead was
     calibrated with: fibray.workers.cpu_clock.ExecutorStopwatch on a CPU slot, else the wall); a
     broken bound is retried (a hiccup of the host is not a verdict), prepared again by `prepare` so
     that the retry's window sees the calls alone, and raised after BOUND_ATTEMPTS, unless on a GPU
     slot every attempt kept the executor's CPU (`busy`, its CPU seconds) busy for HOST_BOUND_SHARE of
     the wall: then the timing at the supervisor's latency (host_bound_timing). `nbytes`: a call's
-    inputs and outputs (per_call_s). Without an overhead, no bound."""
+    inputs and outputs (per_call_s); `returned_bytes`: Layout.returned_bytes. Without an overhead, no bound."""
     watch = stopwatch or WallStopwatch()
     walls: list[float] = []
     shares: list[float] = []
@@ -285,7 +312,7 @@ def bounded_time(time_once: Callable[[], Timing], s: EvalSettings, overhead: Opt
             return timing
         wall = window.reading(overhead.quiet_switches, len(timing.observed_ms or ()))
         try:
-            check_report(timing, wall, s, overhead, device_type, nbytes)
+            check_report(timing, wall, s, overhead, device_type, nbytes, returned_bytes)
             return timing
         except BoundBroken as e:
             if e.reason != Reason.TIMING_BELOW_OBSERVED:
@@ -326,8 +353,9 @@ def _copy_bytes(n: int) -> int:
     return 2 * 4 * n
 
 
-def calibration_job(s: EvalSettings, iterations: int, n: int = _CALIBRATION_N) -> Job:
-    """An honest, known-cost job (a copy of `n` float32, 1 KiB by default) with the timing settings of `s`."""
+def calibration_job(s: EvalSettings, iterations: int, n: int = _CALIBRATION_N, dps: bool = True) -> Job:
+    """An honest, known-cost job (a copy of `n` float32, 1 KiB by default) with the timing settings of `s`;
+    `dps`: into the output buffer it is given, else returning a new tensor."""
     tag = "" if n == _CALIBRATION_N else f"_{n}"
     d = Definition.model_validate({
         "name": f"fibray_timing_calibration{tag}", "op_type": "copy", "axes": {"n": {"type": "const", "value": n}},
@@ -336,12 +364,15 @@ def calibration_job(s: EvalSettings, iterations: int, n: int = _CALIBRATION_N) -
     w = Workload.model_validate({"uuid": f"fibray-timing-calibration{tag}", "axes": {},
                                  "inputs": {"x": {"type": "random"}}})
     sol = Solution.model_validate({
-        "name": "fibray_timing_calibration_copy", "definition": d.name, "author": "fibray",
+        "name": "fibray_timing_calibration_copy" if dps else "fibray_timing_calibration_clone", "definition": d.name,
+        "author": "fibray",
         "spec": {"language": "python", "target_hardware": ["cuda", "cpu"], "entry_point": "main.py::run",
-                 "destination_passing_style": True},
-        "sources": [{"path": "main.py", "content": "def run(x, y):\n    y.copy_(x)\n"}]})
+                 "destination_passing_style": dps},
+        "sources": [{"path": "main.py", "content": "def run(x, y):\n    y.copy_(x)\n" if dps
+                     else "def run(x):\n    return x.clone()\n"}]})
     settings = s.model_copy(update={"iterations": iterations, "trials": 1, "timing": "fixed"})
-    return Job(job_id=f"fibray-timing-calibration{tag}-{iterations}", sweep="_calibration", definition=d, workload=w,
+    return Job(job_id=f"fibray-timing-calibration{tag}{'' if dps else '-vr'}-{iterations}", sweep="_calibration",
+               definition=d, workload=w,
                solution=sol, settings=settings, dataset_root=".")
 
 
@@ -358,19 +389,25 @@ def calibrate(side: TimingSide, s: EvalSettings, device_type: str, finish: Calla
     (which must be pristine: no candidate has run in it), on the stopwatch the bound will read: the
     least of CALIBRATION_REPEATS timings at each of two iteration counts of a 1 KiB copy, and at the
     first of them of a CALIBRATION_BIG_N copy (a host's hiccup only ever adds, and an overhead it
-    inflated would loosen every bound of the slot)."""
+    inflated would loosen every bound of the slot). On a CPU the big copy returns its result, and a
+    small one that does is timed too: a stepped timing's allowance for that copy, between calls
+    (Overhead.between_allowed_ms), is fitted on them."""
     watch = stopwatch or WallStopwatch()
     seen: list[list[tuple[int, Window, float, int]]] = []  # calls, window, median (s), calls stepped
     step_ms: list[float] = []
-    points = [(CALIBRATION_ITERATIONS[0], _CALIBRATION_N, 1),  # warms up
-              *((i, _CALIBRATION_N, CALIBRATION_REPEATS) for i in CALIBRATION_ITERATIONS),
-              (CALIBRATION_BIG_ITERATIONS, CALIBRATION_BIG_N, CALIBRATION_REPEATS)]
-    for iterations, size, repeats in points:
-        job = calibration_job(s, iterations, size)
+    between: list[list[float]] = []  # per point: the executor's CPU between stepped calls, ms
+    cpu = device_type == "cpu"
+    points = [(CALIBRATION_ITERATIONS[0], _CALIBRATION_N, 1, True),  # warms up
+              *((i, _CALIBRATION_N, CALIBRATION_REPEATS, True) for i in CALIBRATION_ITERATIONS),
+              (CALIBRATION_BIG_ITERATIONS, CALIBRATION_BIG_N, CALIBRATION_REPEATS, not cpu),
+              *([(CALIBRATION_ITERATIONS[0], _CALIBRATION_N, CALIBRATION_REPEATS, False)] if cpu else [])]
+    for iterations, size, repeats, dps in points:
+        job = calibration_job(s, iterations, size, dps)
         err = side.build(job)
         if err is not None:
             raise RuntimeError(f"the timing calibration kernel did not build: {err}")
         seen.append([])
+        between.append([])
         for _ in range(repeats):
             side.prepare_time(job)
             watch.start()
@@ -379,8 +416,9 @@ def calibrate(side: TimingSide, s: EvalSettings, device_type: str, finish: Calla
             median_s = _median(timing.samples_ms) / 1e3
             observed = timing.observed_ms or []
             seen[-1].append((_calls_made(job.settings, device_type), window, median_s, len(observed)))
-            if observed and len(observed) == len(timing.samples_ms) and size == _CALIBRATION_N:
+            if observed and len(observed) == len(timing.samples_ms) and size == _CALIBRATION_N and dps:
                 step_ms.append(_median([o - v for o, v in zip(observed, timing.samples_ms)]))
+            between[-1].extend((timing.between_ms or [])[1:])  # the first follows the warm-up
         finish(job)
     counted = [w.switches - STEP_SWITCHES * n for point in seen for _, w, _, n in point if w.switches is not None]
     quiet = max(0, max(counted)) if counted else None  # a window not counted (a slow host) is read on its wall
@@ -392,7 +430,14 @@ def calibrate(side: TimingSide, s: EvalSettings, device_type: str, finish: Calla
     per_call = max(0.0, (w2 - c2 * m2 - (w1 - c1 * m1)) / (c2 - c1))
     fixed = max(0.0, w1 - c1 * (m1 + per_call))
     timed3 = c3 - s.warmup  # warm-up calls change no input and copy no output
-    between = w3 - fixed - c3 * (m3 + per_call)  # the big copy's work between calls, beyond the small one's
-    per_byte = max(0.0, between / (max(1, timed3) * (_copy_bytes(CALIBRATION_BIG_N) - _copy_bytes(_CALIBRATION_N))))
-    return Overhead(fixed_s=fixed, per_call_s=per_call, quiet_switches=quiet, per_byte_s=per_byte,
-                    step_ms=_median(step_ms) if step_ms else None)
+    extra = w3 - fixed - c3 * (m3 + per_call)  # the big copy's work between calls, beyond the small one's
+    per_byte = max(0.0, extra / (max(1, timed3) * (_copy_bytes(CALIBRATION_BIG_N) - _copy_bytes(_CALIBRATION_N))))
+    overhead = Overhead(fixed_s=fixed, per_call_s=per_call, quiet_switches=quiet, per_byte_s=per_byte,
+                        step_ms=_median(step_ms) if step_ms else None)
+    small, big, small_returned = [*between[1], *between[2]], between[3], between[4] if cpu else []
+    if not (small and big and small_returned):
+        return overhead
+    steps_ms = _median(small)
+    store_ms = max(0.0, _median(small_returned) - steps_ms)
+    store_byte_ms = max(0.0, _median(big) - steps_ms - store_ms) / (4 * (CALIBRATION_BIG_N - _CALIBRATION_N))
+    return replace(overhead, between_ms=steps_ms, store_ms=store_ms, store_byte_ms=store_byte_ms)

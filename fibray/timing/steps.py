@@ -6,9 +6,11 @@ calls took a fraction of what those readings show is a lie however fast the kern
 timed call i the executor waits for the supervisor's b"b", makes the call's input change and
 buffers ready, writes b"r" and waits for b"g"; it makes the call and writes b"d". The supervisor
 reads its clocks after b"r" (the executor blocked) and after b"d" (blocked again, until the next
-b"b"), so what lies between them is the call and two system calls. Work the executor does between
-calls instead (its own input changes and copies, and whatever candidate code moves there) stays
-under the bound on the whole request (fibray.timing.bound). After the last call the executor waits
+b"b"), so what lies between them is the call and two system calls. While the executor waits for
+b"g", the supervisor changes the call's inputs itself (the executor is sent no seeds) and, after
+b"d", takes a DPS call's snapshot; the executor's CPU between calls (a value-returning call's copy
+of its result, and whatever candidate code moves there) is read too, and what exceeds the stepping
+and that copy counts as the calls' (fibray.timing.bound). After the last call the executor waits
 for one more b"b" (StepPipe.end) before it goes on.
 """
 

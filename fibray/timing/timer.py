@@ -69,6 +69,8 @@ class Timing:
     observed_ms: Optional[list[float]] = None
     """The supervisor's own reading around each timed call (a stepped CPU timing: fibray.timing.steps),
     set only by the supervisor; None where it read none."""
+    between_ms: Optional[list[float]] = None
+    """With observed_ms: the executor's CPU time between each stepped call and the one before (ms)."""
 
 
 _CU_LIMIT_PERSISTING_L2_CACHE_SIZE = 0x06

@@ -171,6 +171,12 @@ class StepClock:
         return _counters(self.pid, self.account), switches
 
     @staticmethod
+    def cpu_ms(a: tuple[_Counters, Optional[int]], b: tuple[_Counters, Optional[int]]) -> float:
+        """The CPU time of the executor's cgroup between two readings, ms: every thread and process of
+        it, whether its main thread slept or not."""
+        return max(0.0, b[0].account - a[0].account) * 1e3
+
+    @staticmethod
     def reading_ms(a: tuple[_Counters, Optional[int]], b: tuple[_Counters, Optional[int]]) -> float:
         (ca, va), (cb, vb) = a, b
         wall = unloaded_s(ca, cb)

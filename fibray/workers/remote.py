@@ -15,7 +15,7 @@ from typing import Callable, Optional
 from fibray import deadlines
 from fibray.compile import BuildError
 from fibray.evaluate.candidate import CandidateFailure, TimeResult, TimingPlan, TrialOutput
-from fibray.evaluate.memory import Layout, Region
+from fibray.evaluate.memory import Layout, Region, SupervisorSteps
 from fibray.evaluate.phases import Phases
 from fibray.evaluate.run import CandidateCallFailed, Judge, SideFault
 from fibray.schema import EvaluationStatus, Job
@@ -58,6 +58,10 @@ class RemoteCalls:
         fibray.timing.steps); None: the request alone is."""
         self.observed: Optional[list[float]] = None
         """The last timing's reading around each timed call, ms (StepClock.reading_ms)."""
+        self.between: Optional[list[float]] = None
+        """The last timing's executor CPU between each timed call and the one before, ms (_Stepper)."""
+        self._mapped: Optional[tuple[Layout, Region]] = None
+        """The job's region as this side maps it (attach): a stepped timing changes its inputs here."""
         self.run_spent = 0.0
         """Seconds the executor has spent on this job's run requests: the run deadline counts these
         only, not the time the job waited between them, nor the time it was stopped (other lanes' timings)."""
@@ -129,6 +133,7 @@ class RemoteCalls:
         reply = self._run(Request(Op.ATTACH, job, layout=layout), fds=[fd])
         if not reply.ok:
             raise ExecutorFault(Status.RUNTIME_ERROR, Reason.EXECUTOR_ERROR, f"mapping the job's region failed: {reply.error}")
+        self._mapped = (layout, region)
 
     def _after_call(self) -> Optional[CandidateFailure]:
         """Threads of the executor beyond those it had when the job started, read from /proc after a
@@ -172,14 +177,17 @@ class RemoteCalls:
 
     def time(self, job: Job, seeds: list[int]) -> TimeResult:
         """The timing request; on a CPU slot that accounts the executor's CPU (step_clock), with this
-        side's own reading around every timed call (`observed`, fibray.timing.steps)."""
-        self.observed = None
+        side's own reading around every timed call (`observed`, fibray.timing.steps) and of the executor's
+        CPU between calls (`between`), the input changes made here (SupervisorSteps: the executor gets no seeds)."""
+        self.observed = self.between = None
         if self.step_clock is None:
             reply = self._timing_request(Request(Op.TIME, job, seeds=seeds))
         else:
-            stepper = _Stepper(self.ex.conn, self.step_clock)
+            if self._mapped is None:
+                raise RuntimeError("a stepped timing needs the job's region attached first")
+            stepper = _Stepper(self.ex.conn, self.step_clock, SupervisorSteps(*self._mapped, seeds))
             try:
-                reply = self._timing_request(Request(Op.TIME, job, seeds=seeds, step=True), fds=stepper.theirs,
+                reply = self._timing_request(Request(Op.TIME, job, seeds=[], step=True), fds=stepper.theirs,
                                              during=stepper.run)
             except CandidateCallFailed:
                 if stepper.out_of_order is None:
@@ -189,7 +197,7 @@ class RemoteCalls:
             if stepper.out_of_order is not None:
                 raise BoundBroken(Reason.BAD_TIMING_REPORT, f"the executor's steps around its timed calls were out of "
                                                             f"order: {stepper.out_of_order}")
-            self.observed = stepper.readings
+            self.observed, self.between = stepper.readings, stepper.between
         result = self._expect(reply, TimeResult)
         left = self._after_call()
         return result if result.failure is not None or left is None else TimeResult(failure=left)
@@ -206,22 +214,29 @@ class RemoteCalls:
 
 class _Stepper:
     """This side of a stepped timing (fibray.timing.steps): its clocks read around every timed call,
-    the executor blocked at both ends. `theirs` are the executor's ends of the two pipes, sent with
-    the request and closed here once sent (so that an executor gone shows as the end of its pipe)."""
+    the executor blocked at both ends, and its own work between calls (`work`: the input change before
+    a call, a DPS call's snapshot after it) done while the executor waits. `theirs` are the executor's
+    ends of the two pipes, sent with the request and closed here once sent (so that an executor gone
+    shows as the end of its pipe)."""
 
-    def __init__(self, conn, clock: StepClock) -> None:
-        self.conn, self.clock = conn, clock
+    def __init__(self, conn, clock: StepClock, work: SupervisorSteps) -> None:
+        self.conn, self.clock, self.work = conn, clock, work
         to_ex, from_ex = os.pipe(), os.pipe()
         self.to_ex: Optional[int] = to_ex[1]
         self.from_ex: Optional[int] = from_ex[0]
         self.theirs = [to_ex[0], from_ex[1]]
         self.readings: list[float] = []
         """Per timed call, ms (StepClock.reading_ms)."""
+        self.between: list[float] = []
+        """Per timed call, the executor's CPU (its cgroup's), ms, from the reading after the call before
+        to the one before this call: its copy of a value-returning result, and whatever else runs then
+        (0.0 for the first call, whose start follows the warm-up)."""
         self.out_of_order: Optional[str] = None
 
     def run(self, deadline: float) -> None:
         """Step the executor through its timed calls until its reply is on the channel."""
         self._close_theirs()
+        after = None
         while True:
             if not self._say(steps.BOOKKEEP):
                 return
@@ -230,6 +245,10 @@ class _Stepper:
                 return
             if got != steps.READY:
                 return self._bad(f"{got!r} where {steps.READY!r} was due")
+            i = len(self.readings)
+            if i >= self.work.calls():
+                return self._bad(f"a timed call past the {self.work.calls()} planned")
+            self.work.before(i)
             before = self.clock.read()
             if not self._say(steps.GO):
                 return
@@ -238,7 +257,10 @@ class _Stepper:
                 return
             if got != steps.DONE:
                 return self._bad(f"{got!r} where {steps.DONE!r} was due")
-            self.readings.append(self.clock.reading_ms(before, self.clock.read()))
+            self.between.append(StepClock.cpu_ms(after, before) if after is not None else 0.0)
+            after = self.clock.read()
+            self.readings.append(self.clock.reading_ms(before, after))
+            self.work.after(i)
 
     def _say(self, byte: bytes) -> bool:
         if self.to_ex is None:
@@ -328,4 +350,5 @@ class CalibrationSide:
             mem.close()
         if result.failure is not None:
             raise RuntimeError(f"the timing calibration kernel failed: {result.failure.reason}: {result.failure.log}")
-        return Timing(result.samples_ms, result.mode, result.sync_overhead_ms, observed_ms=self.calls.observed)
+        return Timing(result.samples_ms, result.mode, result.sync_overhead_ms, observed_ms=self.calls.observed,
+                      between_ms=self.calls.between)
