@@ -72,6 +72,33 @@ def test_another_process_sees_the_region_through_its_descriptor(tmp_path):
     region.close()
 
 
+def test_the_shared_memory_an_executor_holds_cannot_be_shrunk_under_its_supervisor():
+    """The job's region and the reply arena are files the executor holds. Another process (the
+    executor) that shrinks one would make the supervisor fault (SIGBUS) on its next read there
+    (`offender_truncates_shared_memory` killed its slot's supervisor three times); sealed, the file
+    keeps its size, both sides still write, and no write seal can be added to stop the supervisor."""
+    import fcntl
+
+    from fibray.workers.process.arena import Arena
+
+    region, arena = HostRegion.create(1 << 16), Arena.create(1 << 16)
+    code = ("import fcntl, os, sys\nfd = int(sys.argv[1])\n"
+            "for act in (lambda: os.ftruncate(fd, 0), lambda: os.ftruncate(fd, 1 << 20),\n"
+            "            lambda: fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_WRITE)):\n"
+            "    try:\n        act()\n    except PermissionError:\n        continue\n"
+            "    sys.exit('the shared file changed size or took a seal')\n"
+            "os.pwrite(fd, b'ok', 0)\n")
+    for fd, size in ((region.fd, region.size), (arena.fd, arena.size)):
+        os.set_inheritable(fd, True)
+        subprocess.run([sys.executable, "-c", code, str(fd)], check=True, pass_fds=(fd,))
+        assert os.fstat(fd).st_size == size
+        assert os.pread(fd, 2, 0) == b"ok"
+    assert region.bytes()[:2].tolist() == list(b"ok")
+    assert fcntl.fcntl(region.fd, fcntl.F_GET_SEALS) & fcntl.F_SEAL_SHRINK
+    region.close()
+    arena.close()
+
+
 def test_guards_poison_and_input_checks_run_on_the_supervisors_mapping():
     layout, sets = _layout()
     mem = JobMemory(HostRegion.create(layout.size), layout)

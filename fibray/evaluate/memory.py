@@ -17,6 +17,7 @@ import torch
 from pydantic import BaseModel, ConfigDict
 
 from fibray.evaluate.inputs import poison_
+from fibray.evaluate.shm import sealed_memfd
 
 GUARD_BYTES = 4096
 """Bytes before and after every output buffer that must come back unchanged."""
@@ -203,9 +204,7 @@ class HostRegion:
 
     @classmethod
     def create(cls, size: int) -> "HostRegion":
-        fd = os.memfd_create("fibray-job", os.MFD_CLOEXEC)
-        os.ftruncate(fd, size)
-        return cls(fd, size)
+        return cls(sealed_memfd("fibray-job", size), size)  # the executor holds it: it may not shrink it
 
     def bytes(self) -> torch.Tensor:
         assert self._bytes is not None, "region closed"

@@ -11,6 +11,8 @@ import mmap
 import os
 from typing import Optional
 
+from fibray.evaluate.shm import sealed_memfd
+
 _ALIGN = 256
 ARENA_BYTES = 2 << 30
 """Default arena size: address space only; pages cost memory once a reply touches them."""
@@ -32,10 +34,9 @@ class Arena:
 
     @classmethod
     def create(cls, size: int = ARENA_BYTES) -> "Arena":
-        # close-on-exec: only the executor it is made for gets it (Popen's pass_fds), no other child
-        fd = os.memfd_create("fibray-arena", os.MFD_CLOEXEC)
-        os.ftruncate(fd, size)
-        return cls(fd, size)
+        # close-on-exec: only the executor it is made for gets it (Popen's pass_fds), no other child;
+        # sealed at its size: the executor holds it, and may not shrink it under the supervisor's reads
+        return cls(sealed_memfd("fibray-arena", size), size)
 
     def take(self, nbytes: int) -> Optional[int]:
         """Offset of nbytes of room in this message, or None if the arena is full."""
