@@ -135,7 +135,8 @@ def _bounded_time(job: Job, judge: Judge, calls, mem: JobMemory, sets: list[list
         if result.failure is not None:
             raise _TimedCallsFailed(result)
         return Timing(result.samples_ms, result.mode, result.sync_overhead_ms,
-                      observed_ms=getattr(calls, "observed", None), between_ms=getattr(calls, "between", None))
+                      observed_ms=getattr(calls, "observed", None), between_ms=getattr(calls, "between", None),
+                      supervisor_s=getattr(calls, "supervisor_s", 0.0))
 
     def again() -> None:
         attempt[0] += 1

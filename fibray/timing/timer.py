@@ -71,6 +71,9 @@ class Timing:
     set only by the supervisor; None where it read none."""
     between_ms: Optional[list[float]] = None
     """With observed_ms: the executor's CPU time between each stepped call and the one before (ms)."""
+    supervisor_s: float = 0.0
+    """With observed_ms: seconds the supervisor spent on its own work between steps, the executor blocked
+    (its readings, input changes and snapshots): taken out of the window around the request."""
 
 
 _CU_LIMIT_PERSISTING_L2_CACHE_SIZE = 0x06

@@ -60,6 +60,8 @@ class RemoteCalls:
         """The last timing's reading around each timed call, ms (StepClock.reading_ms)."""
         self.between: Optional[list[float]] = None
         """The last timing's executor CPU between each timed call and the one before, ms (_Stepper)."""
+        self.supervisor_s = 0.0
+        """The last timing's seconds of this side's own work between steps, the executor blocked (_Stepper)."""
         self._mapped: Optional[tuple[Layout, Region]] = None
         """The job's region as this side maps it (attach): a stepped timing changes its inputs here."""
         self.run_spent = 0.0
@@ -180,6 +182,7 @@ class RemoteCalls:
         side's own reading around every timed call (`observed`, fibray.timing.steps) and of the executor's
         CPU between calls (`between`), the input changes made here (SupervisorSteps: the executor gets no seeds)."""
         self.observed = self.between = None
+        self.supervisor_s = 0.0
         if self.step_clock is None:
             reply = self._timing_request(Request(Op.TIME, job, seeds=seeds))
         else:
@@ -197,7 +200,7 @@ class RemoteCalls:
             if stepper.out_of_order is not None:
                 raise BoundBroken(Reason.BAD_TIMING_REPORT, f"the executor's steps around its timed calls were out of "
                                                             f"order: {stepper.out_of_order}")
-            self.observed, self.between = stepper.readings, stepper.between
+            self.observed, self.between, self.supervisor_s = stepper.readings, stepper.between, stepper.own_s
         result = self._expect(reply, TimeResult)
         left = self._after_call()
         return result if result.failure is not None or left is None else TimeResult(failure=left)
@@ -231,6 +234,9 @@ class _Stepper:
         """Per timed call, the executor's CPU (its cgroup's), ms, from the reading after the call before
         to the one before this call: its copy of a value-returning result, and whatever else runs then
         (0.0 for the first call, whose start follows the warm-up)."""
+        self.own_s = 0.0
+        """Seconds of this side's own work between steps (its clock readings, the input changes, the
+        snapshots), the executor blocked all along: not the candidate's, and slow on a loaded host."""
         self.out_of_order: Optional[str] = None
 
     def run(self, deadline: float) -> None:
@@ -248,8 +254,10 @@ class _Stepper:
             i = len(self.readings)
             if i >= self.work.calls():
                 return self._bad(f"a timed call past the {self.work.calls()} planned")
+            t0 = time.perf_counter()
             self.work.before(i)
             before = self.clock.read()
+            self.own_s += time.perf_counter() - t0
             if not self._say(steps.GO):
                 return
             got = self._next(deadline)
@@ -257,10 +265,12 @@ class _Stepper:
                 return
             if got != steps.DONE:
                 return self._bad(f"{got!r} where {steps.DONE!r} was due")
+            t0 = time.perf_counter()
             self.between.append(StepClock.cpu_ms(after, before) if after is not None else 0.0)
             after = self.clock.read()
             self.readings.append(self.clock.reading_ms(before, after))
             self.work.after(i)
+            self.own_s += time.perf_counter() - t0
 
     def _say(self, byte: bytes) -> bool:
         if self.to_ex is None:
@@ -351,4 +361,4 @@ class CalibrationSide:
         if result.failure is not None:
             raise RuntimeError(f"the timing calibration kernel failed: {result.failure.reason}: {result.failure.log}")
         return Timing(result.samples_ms, result.mode, result.sync_overhead_ms, observed_ms=self.calls.observed,
-                      between_ms=self.calls.between)
+                      between_ms=self.calls.between, supervisor_s=self.calls.supervisor_s)
