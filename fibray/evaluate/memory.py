@@ -103,13 +103,15 @@ class Layout(BaseModel):
     def call_bytes(self) -> int:
         """Bytes of one call's tensor inputs and outputs: what the executor's work between timed calls
         (the input change, the copy of the outputs) grows with."""
-        return (sum(a.place.nbytes for a in self.inputs[0] if a.place is not None)
-                + sum(p.nbytes for p in self.outputs[self.scratch]))
+        return sum(a.place.nbytes for a in self.inputs[0] if a.place is not None) + self._output_bytes()
 
     def returned_bytes(self) -> Optional[int]:
         """Bytes of a value-returning call's results, which the executor copies into the region after the
         call; None for a DPS call (it writes the region itself)."""
-        return None if self.dps else sum(p.nbytes for p in self.outputs[self.scratch])
+        return None if self.dps else self._output_bytes()
+
+    def _output_bytes(self) -> int:
+        return sum(p.nbytes for p in self.outputs[self.scratch])
 
 
 def _dtype(name: str) -> torch.dtype:

@@ -111,6 +111,15 @@ def run_job(job: Job, judge: Judge, calls, phases: Optional[Phases] = None, gpu=
         mem.close()
 
 
+def timing_of(result: TimeResult, calls: Any) -> Timing:
+    """A timing request's report, with what the candidate side's own clocks saw of it where it has them
+    (a slot's RemoteCalls on a stepped CPU timing: its readings around and between the calls, and its own
+    time between steps)."""
+    return Timing(result.samples_ms, result.mode, result.sync_overhead_ms,
+                  observed_ms=getattr(calls, "observed", None), between_ms=getattr(calls, "between", None),
+                  supervisor_s=getattr(calls, "supervisor_s", 0.0))
+
+
 class _TimedCallsFailed(Exception):
     def __init__(self, result: TimeResult) -> None:
         super().__init__(result.failure.reason if result.failure else "")
@@ -134,9 +143,7 @@ def _bounded_time(job: Job, judge: Judge, calls, mem: JobMemory, sets: list[list
         last[:] = [result]
         if result.failure is not None:
             raise _TimedCallsFailed(result)
-        return Timing(result.samples_ms, result.mode, result.sync_overhead_ms,
-                      observed_ms=getattr(calls, "observed", None), between_ms=getattr(calls, "between", None),
-                      supervisor_s=getattr(calls, "supervisor_s", 0.0))
+        return timing_of(result, calls)
 
     def again() -> None:
         attempt[0] += 1

@@ -17,7 +17,7 @@ from fibray.compile import BuildError
 from fibray.evaluate.candidate import CandidateFailure, TimeResult, TimingPlan, TrialOutput
 from fibray.evaluate.memory import Layout, Region, SupervisorSteps
 from fibray.evaluate.phases import Phases
-from fibray.evaluate.run import CandidateCallFailed, Judge, SideFault
+from fibray.evaluate.run import CandidateCallFailed, Judge, SideFault, timing_of
 from fibray.schema import EvaluationStatus, Job
 from fibray.schema.reasons import POISONING_REASONS, Reason
 from fibray.timing import Timing
@@ -360,5 +360,4 @@ class CalibrationSide:
             mem.close()
         if result.failure is not None:
             raise RuntimeError(f"the timing calibration kernel failed: {result.failure.reason}: {result.failure.log}")
-        return Timing(result.samples_ms, result.mode, result.sync_overhead_ms, observed_ms=self.calls.observed,
-                      between_ms=self.calls.between, supervisor_s=self.calls.supervisor_s)
+        return timing_of(result, self.calls)
