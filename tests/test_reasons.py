@@ -50,3 +50,22 @@ def test_every_designed_smoke_reason_is_in_the_catalogue() -> None:
     from _sweep_helpers import DESIGNED
 
     assert all(reason is None or reason in set(Reason) for _, reason in DESIGNED.values())
+
+
+_TORCH_HINT = ("\nCUDA kernel errors might be asynchronously reported at some other API call, so the stacktrace below "
+               "might be incorrect.\nFor debugging consider passing CUDA_LAUNCH_BLOCKING=1\n"
+               "Compile with `TORCH_USE_CUDA_DSA` to enable device-side assertions.\n")
+
+
+def test_a_cuda_error_is_classified_by_its_error_not_by_torchs_hint() -> None:
+    """torch ends every CUDA error with a hint that mentions device-side assertions: only a real
+    assert is `device_assert` (an H100 judged a candidate that broke its driver's pipes so)."""
+    from fibray.evaluate.candidate import classify_exception
+
+    broken = RuntimeError("CUDA error: OS call failed or operation not supported on this OS\nSearch for "
+                          "`cudaErrorOperatingSystem' in https://docs.nvidia.com/cuda/ for more information." + _TORCH_HINT)
+    asserted = RuntimeError("CUDA error: device-side assert triggered" + _TORCH_HINT)
+    illegal = RuntimeError("CUDA error: an illegal memory access was encountered" + _TORCH_HINT)
+    assert classify_exception(broken) == ("RUNTIME_ERROR", Reason.CUDA_ERROR)
+    assert classify_exception(asserted) == ("RUNTIME_ERROR", Reason.DEVICE_ASSERT)
+    assert classify_exception(illegal) == ("RUNTIME_ERROR", Reason.ILLEGAL_MEMORY_ACCESS)

@@ -172,7 +172,7 @@ def _classify(e: BaseException) -> tuple[str, str]:
         return "RUNTIME_ERROR", Reason.OUT_OF_MEMORY
     if "illegal memory access" in text or "misaligned address" in text:
         return "RUNTIME_ERROR", Reason.ILLEGAL_MEMORY_ACCESS
-    if "device-side assert" in text:
+    if "device-side assert triggered" in text:  # not torch's hint on every CUDA error ("...device-side assertions")
         return "RUNTIME_ERROR", Reason.DEVICE_ASSERT
     if "cuda error" in text or "acceleratorerror" in text.replace(" ", ""):
         return "RUNTIME_ERROR", Reason.CUDA_ERROR
