@@ -87,9 +87,10 @@ def run_job(job: Job, judge: Judge, calls, phases: Optional[Phases] = None, gpu=
     the job's memory and verifies every call in it. `gpu` (a slot's GpuLock) lets jobs share the GPU
     except while one of them is timed. `overhead` (the slot's calibration) bounds the reported
     latency from below by this process's clock around the timing. The candidate side's requests
-    (build, attach, trials, timing_prep, recheck) take no GPU lock: a slot's timed window stops every
-    other executor (fibray.workers.quiesce); this process's own GPU work (inputs and references,
-    the job's memory, checks) shares the GPU and keeps off it while a window is open."""
+    (build, attach, trials, timing_prep) take no GPU lock: a slot's timed window stops every other
+    executor (fibray.workers.quiesce); this process's own GPU work (inputs and references, the job's
+    memory, checks) shares the GPU and keeps off it while a window is open. The timed calls, their
+    check and the recheck are one window, whose end finds work the job's calls left on the GPU."""
     s = job.settings
     phase = phases if phases is not None else Phases()  # build, inputs_reference, trials, check, timing, ...
     gpu = gpu if gpu is not None else _OwnGpu()
@@ -179,8 +180,8 @@ def _protocol(job: Job, judge: Judge, calls, phase: Phases, gpu, state: _Workloa
             verdict.merge(judge.check_call(job, mem, trial, trial, state.inputs[trial], state.refs[trial], out))
         if not verdict.ok:
             return judge.failed(job, verdict)
+    sets = [*state.inputs[: s.trials], *state.extra[: len(layout.inputs) - s.trials]]
     try:
-        sets = [*state.inputs[: s.trials], *state.extra[: len(layout.inputs) - s.trials]]
         with gpu.hold(phase, "check"):
             untouched = judge.unchanged_sets(job, mem, sets, "was modified before timing")
         if not untouched.ok:
@@ -191,42 +192,65 @@ def _protocol(job: Job, judge: Judge, calls, phase: Phases, gpu, state: _Workloa
             # poisoned again after the candidate's process had its views: nothing written ahead survives
             mem.prepare_outputs([layout.scratch, *layout.timed, *layout.snapshots])
             mem.settle()
-        with gpu.hold(phase, "timing", exclusive=True):
-            result, attempt = _bounded_time(job, judge, calls, mem, sets, plan, overhead, phase)
     except (SideFault, GpuWorkLeftRunning):
         raise
-    except BoundBroken as e:  # the report contradicts what this process saw: a lie about latency
-        return judge.fail(Status.RUNTIME_ERROR, e.reason, e.message, s)
-    except CandidateCallFailed as e:  # classified where it was raised (an executor)
-        return judge.fail(e.status or Status.RUNTIME_ERROR, _when_timed(e.reason), e.log, s)
-    except Exception as e:  # the candidate failed when called again and again
-        from fibray.evaluate.candidate import classify_exception
+    except Exception as e:
+        return _failed_timing(e, judge, s)
+    # the job's last candidate calls (the timed ones and the recheck) share one window, which ends only
+    # once the GPU is this process's again: work a call left running fails its own job there
+    with gpu.hold(phase, "timing", exclusive=True):
+        try:
+            result, attempt = _bounded_time(job, judge, calls, mem, sets, plan, overhead, phase)
+        except (SideFault, GpuWorkLeftRunning):
+            raise
+        except Exception as e:
+            return _failed_timing(e, judge, s)
+        failed = _after_timing(job, judge, calls, phase, state, mem, plan, sets, result, attempt)
+        if failed is not None:
+            return failed
+    timing = Timing(result.samples_ms, result.mode, result.sync_overhead_ms)
+    if judge.reference_ready(job, state):  # timed before (this workload, or the store's): no GPU time needed
+        return judge.passed(job, state, verdict, timing)
+    with gpu.hold(phase, "reference_timing", exclusive=True):
+        return judge.passed(job, state, verdict, timing)
 
-        status, reason = classify_exception(e)
-        return judge.fail(status, _when_timed(reason), repr(e), s)
-    with gpu.hold(phase, "check"):
+
+def _failed_timing(e: Exception, judge: Judge, s) -> Evaluation:
+    """The verdict for a timing that raised: a broken bound is a lie about latency; a candidate's failure
+    keeps the reason its side gave it, or is classified here."""
+    if isinstance(e, BoundBroken):  # the report contradicts what this process saw
+        return judge.fail(Status.RUNTIME_ERROR, e.reason, e.message, s)
+    if isinstance(e, CandidateCallFailed):  # classified where it was raised (an executor)
+        return judge.fail(e.status or Status.RUNTIME_ERROR, _when_timed(e.reason), e.log, s)
+    from fibray.evaluate.candidate import classify_exception
+
+    status, reason = classify_exception(e)  # the candidate failed when called again and again
+    return judge.fail(status, _when_timed(reason), repr(e), s)
+
+
+def _after_timing(job: Job, judge: Judge, calls, phase: Phases, state: _WorkloadState, mem: JobMemory,
+                  plan: _JobPlan, sets: list[list[Any]], result: TimeResult, attempt: int) -> Optional[Evaluation]:
+    """In the timing window: the timed calls' outputs judged, then one call on new values in a reused
+    buffer (the recheck) judged; a failed verdict, or None."""
+    s, layout = job.settings, mem.layout
+    with phase("timing.check"):
         timed = judge.check_timed(job, state, mem, plan, sets, result, attempt)
     if not timed.ok:
         return judge.failed(job, timed)
     # the timed calls' errors decide, but are not reported: their inputs and sample are drawn at random
-    with gpu.hold(phase, "check"):
+    with phase("timing.check"):
         mem.write_inputs(0, state.inputs[s.trials])
         mem.prepare_outputs([layout.recheck])
         mem.settle()
-    with phase("recheck"):
+    with phase("timing.recheck"):
         out = calls.recheck(job)
-    with gpu.hold(phase, "recheck"):
         again = judge.check_call(job, mem, 0, layout.recheck, state.inputs[s.trials], state.refs[s.trials], out)
     if not again.ok:
         if again.reason == Reason.TOLERANCE_EXCEEDED:
             again.reason = Reason.STALE_OUTPUT
             again.message = "a call on new values in a reused buffer returned a wrong answer: " + again.message
         return judge.failed(job, again)
-    timing = Timing(result.samples_ms, result.mode, result.sync_overhead_ms)
-    if judge.reference_ready(job, state):  # timed before (this workload, or the store's): no GPU time needed
-        return judge.passed(job, state, verdict, timing)
-    with gpu.hold(phase, "reference_timing", exclusive=True):
-        return judge.passed(job, state, verdict, timing)
+    return None
 
 
 def _when_timed(reason: str) -> str:

@@ -387,13 +387,20 @@ class GpuSlot:
         """A timed window: every executor of this slot but `keep` (all, for the reference's timing)
         settles its device work and is stopped until the window ends. On a GPU, a stopped process's
         queued work still runs, and a candidate can undo its executor's own synchronise: the window
-        then checks that the GPU is this process's alone (see _gpu_to_itself)."""
+        then checks that the GPU is this process's alone (see _gpu_to_itself), as it starts and, for a
+        candidate's window, as it ends."""
         with self._lock:
             executors = self._executors()
         with self.quiet.window(name, executors, keep) as w:
+            stopped = [e for e in executors if e is not keep]
             if self.device.type == "cuda":
-                self._gpu_to_itself(name, [e for e in executors if e is not keep], own)
+                self._gpu_to_itself(name, stopped, own)
             yield w
+            if self.device.type == "cuda" and own is not None and own is keep:
+                # the job's calls of this window are over: GPU work it left running fails it here, not a
+                # later window's job (there may be none: its workload's reference was timed already)
+                torch.cuda.synchronize(self.device)  # this process's own checks done: the probe sees others' work
+                self._gpu_to_itself(name, stopped, own)
 
     def _gpu_shared(self) -> bool:
         """Whether another process's work is on the GPU: PROBE_TRIES probes a few ms apart (an honest
