@@ -283,3 +283,43 @@ def test_matched_ratio_is_an_exact_count(n, monkeypatch):
     _, _, ratio = error_stats(out, ref, Tolerance(atol=1e-2, rtol=1e-2))
     assert ratio == (n - 1) / n
     assert n * (1.0 / n) < 1.0  # the rounding the old mean() was exposed to
+
+
+def test_the_jobs_last_candidate_calls_are_inside_its_timing_window():
+    """The timed calls, their check and the recheck (the job's last call of the candidate) happen in one
+    exclusive hold of the GPU: a slot's window probes the GPU as it ends, so GPU work a job's calls leave
+    running fails that job even when no later window (its workload's reference) follows."""
+    from contextlib import contextmanager
+
+    from fibray.evaluate.run import run_job
+
+    open_holds: list[tuple[str, bool]] = []
+    seen: list[tuple[str, tuple]] = []
+
+    class RecordingGpu:
+        @contextmanager
+        def hold(self, phase, name, exclusive=False):
+            open_holds.append((name, exclusive))
+            try:
+                with phase(name):
+                    yield
+            finally:
+                open_holds.pop()
+
+    ev = Evaluator(Path(tempfile.mkdtemp()))
+    for op in ("trial", "time", "recheck"):
+        real = getattr(ev.runner, op)
+
+        def spy(*a, _op=op, _real=real, **k):
+            seen.append((_op, tuple(open_holds)))
+            return _real(*a, **k)
+        setattr(ev.runner, op, spy)
+    sol = _solution("import torch\ndef run(x, k, y):\n    y.copy_(x * k)\n", True)
+    w = Workload.model_validate({"uuid": "w", "axes": {"n": 64}, "inputs": {"x": {"type": "random"}, "k": {"type": "scalar", "value": 3.0}}})
+    job = Job(job_id="j", sweep="t", definition=_def(), workload=w, solution=sol,
+              settings=EvalSettings(warmup=1, iterations=3, trials=2), dataset_root=".")
+    result = run_job(job, ev.judge, ev.runner, gpu=RecordingGpu())
+    assert result.status.value == "PASSED", result.log[-500:]
+    window = (("timing", True),)
+    assert [op for op, holds in seen if holds == window] == ["time", "recheck"]
+    assert all(holds == () for op, holds in seen if op == "trial")  # trials hold nothing: the GPU is shared
