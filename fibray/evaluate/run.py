@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any, Optional
 
@@ -181,30 +181,33 @@ def _protocol(job: Job, judge: Judge, calls, phase: Phases, gpu, state: _Workloa
         if not verdict.ok:
             return judge.failed(job, verdict)
     sets = [*state.inputs[: s.trials], *state.extra[: len(layout.inputs) - s.trials]]
-    try:
-        with gpu.hold(phase, "check"):
-            untouched = judge.unchanged_sets(job, mem, sets, "was modified before timing")
-        if not untouched.ok:
-            return judge.failed(job, untouched)
-        with phase("timing_prep"):
-            calls.prepare_time(job, plan.timing())
-        with gpu.hold(phase, "check"):
-            # poisoned again after the candidate's process had its views: nothing written ahead survives
-            mem.prepare_outputs([layout.scratch, *layout.timed, *layout.snapshots])
-            mem.settle()
-    except (SideFault, GpuWorkLeftRunning):
-        raise
-    except Exception as e:
-        return _failed_timing(e, judge, s)
     # the job's last candidate calls (the timed ones and the recheck) share one window, which ends only
     # once the GPU is this process's again: work a call left running fails its own job there
-    with gpu.hold(phase, "timing", exclusive=True):
+    with ExitStack() as window:
         try:
+            with gpu.hold(phase, "check"):
+                untouched = judge.unchanged_sets(job, mem, sets, "was modified before timing")
+            if not untouched.ok:
+                return judge.failed(job, untouched)
+            with phase("timing_prep"):
+                calls.prepare_time(job, plan.timing())
+            with gpu.hold(phase, "check"):
+                # poisoned again after the candidate's process had its views: nothing written ahead survives
+                mem.prepare_outputs([layout.scratch, *layout.timed, *layout.snapshots])
+                mem.settle()
+            window.enter_context(gpu.hold(phase, "timing", exclusive=True))
             result, attempt = _bounded_time(job, judge, calls, mem, sets, plan, overhead, phase)
         except (SideFault, GpuWorkLeftRunning):
             raise
-        except Exception as e:
-            return _failed_timing(e, judge, s)
+        except BoundBroken as e:  # the report contradicts what this process saw: a lie about latency
+            return judge.fail(Status.RUNTIME_ERROR, e.reason, e.message, s)
+        except CandidateCallFailed as e:  # classified where it was raised (an executor)
+            return judge.fail(e.status or Status.RUNTIME_ERROR, _when_timed(e.reason), e.log, s)
+        except Exception as e:  # the candidate failed when called again and again
+            from fibray.evaluate.candidate import classify_exception
+
+            status, reason = classify_exception(e)
+            return judge.fail(status, _when_timed(reason), repr(e), s)
         failed = _after_timing(job, judge, calls, phase, state, mem, plan, sets, result, attempt)
         if failed is not None:
             return failed
@@ -213,19 +216,6 @@ def _protocol(job: Job, judge: Judge, calls, phase: Phases, gpu, state: _Workloa
         return judge.passed(job, state, verdict, timing)
     with gpu.hold(phase, "reference_timing", exclusive=True):
         return judge.passed(job, state, verdict, timing)
-
-
-def _failed_timing(e: Exception, judge: Judge, s) -> Evaluation:
-    """The verdict for a timing that raised: a broken bound is a lie about latency; a candidate's failure
-    keeps the reason its side gave it, or is classified here."""
-    if isinstance(e, BoundBroken):  # the report contradicts what this process saw
-        return judge.fail(Status.RUNTIME_ERROR, e.reason, e.message, s)
-    if isinstance(e, CandidateCallFailed):  # classified where it was raised (an executor)
-        return judge.fail(e.status or Status.RUNTIME_ERROR, _when_timed(e.reason), e.log, s)
-    from fibray.evaluate.candidate import classify_exception
-
-    status, reason = classify_exception(e)  # the candidate failed when called again and again
-    return judge.fail(status, _when_timed(reason), repr(e), s)
 
 
 def _after_timing(job: Job, judge: Judge, calls, phase: Phases, state: _WorkloadState, mem: JobMemory,
