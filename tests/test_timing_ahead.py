@@ -116,11 +116,17 @@ def test_the_backlog_counts_delays_and_learned_calls_after_what_was_queued_befor
     assert b.us(3_100_000) == 0.0
 
 
-def test_once_the_gpu_caught_up_the_backlog_is_not_trusted_for_the_rest_of_the_pass():
+def test_a_chunk_the_gpu_caught_up_with_leaves_nothing_ahead_and_teaches_nothing():
     b = Backlog()
+    b.queued(launched_ns=0, end_ns=10_000, delay_us=500.0, calls=8, ahead=True)
     b.learn(span_ms=3.2, calls=32)
-    b.queued(launched_ns=0, end_ns=10_000, delay_us=5000.0, calls=32, ahead=False)
-    assert b.us(0) == 0.0 and b.per_call_us == 0.0
-    b.learn(span_ms=3.2, calls=32)
-    b.queued(launched_ns=20_000, end_ns=30_000, delay_us=5000.0, calls=32, ahead=True)
-    assert b.us(20_000) == 0.0 and b.per_call_us == 0.0  # full delays from here on
+    assert b.per_call_us > 0
+    b.queued(launched_ns=20_000, end_ns=30_000, delay_us=5000.0, calls=32, ahead=False)
+    assert b.us(30_000) == 0.0 and b.per_call_us == 0.0  # the GPU may be idle now: the next delay is whole
+    b.queued(launched_ns=40_000, end_ns=50_000, delay_us=2000.0, calls=32, ahead=True)
+    b.learn(span_ms=9.6, calls=32)  # the chunk the GPU caught up with ran at the host's pace: not learned
+    assert b.per_call_us == 0.0
+    assert b.us(40_000) == 2000.0  # its delay is counted again: the estimate builds up
+    b.queued(launched_ns=60_000, end_ns=70_000, delay_us=100.0, calls=32, ahead=True)
+    b.learn(span_ms=3.2, calls=32)  # the chunk before was queued ahead: learned
+    assert abs(b.per_call_us - BACKLOG_TRUST * 100.0) < 1e-9
