@@ -7,8 +7,8 @@ import pickle
 import pytest
 
 from fibray.sweep.config import RunnerConfig
-from fibray.sweep.pool import PoolOptions
-from fibray.workers.spec import SandboxPolicy, SlotSpec
+from fibray.sweep.pool import PoolOptions, Slot
+from fibray.workers.spec import GPU_AUTO_LANES, SandboxPolicy, SlotSpec, slot_lanes
 
 
 def test_runner_config_reaches_the_slot_spec_as_a_typed_sandbox_policy() -> None:
@@ -63,7 +63,25 @@ def test_auto_lanes_are_half_the_hosts_cpus_per_gpu_from_1_to_4(cpus_per_gpu: in
 
 
 def test_a_number_of_lanes_is_taken_as_given_whatever_the_host() -> None:
-    assert PoolOptions.from_runner(RunnerConfig(lanes=6), num_slots=1, torch_threads=2).lanes == 6
+    spec = PoolOptions.from_runner(RunnerConfig(lanes=6), num_slots=1, torch_threads=2).slot_spec("gpu0.1")
+    assert spec.lanes == 6 and not spec.lanes_auto
+    assert slot_lanes(spec, "cuda") == 6 and slot_lanes(spec, "cpu") == 6
+
+
+def test_auto_lanes_are_the_cpu_figure_on_a_cpu_slot_and_one_on_a_gpu() -> None:
+    """Every timed window on a GPU stops the other lanes' executors: auto gives a GPU slot GPU_AUTO_LANES."""
+    spec = PoolOptions.from_runner(RunnerConfig(), num_slots=1, torch_threads=16).slot_spec("gpu0.1")
+    assert spec.lanes == 4 and spec.lanes_auto
+    assert slot_lanes(spec, "cpu") == 4
+    assert slot_lanes(spec, "cuda") == GPU_AUTO_LANES == 1
+
+
+def test_the_pool_sends_a_slot_as_many_jobs_as_the_lanes_it_runs() -> None:
+    """Until a slot says how many lanes it runs, the configured figure; then the slot's own."""
+    slot = Slot(index=0)
+    assert slot.lanes(4) == 4
+    slot.info = {"name": "gpu0.1", "lanes": 1}
+    assert slot.lanes(4) == 1
 
 
 def test_lanes_other_than_auto_or_1_to_16_are_refused() -> None:

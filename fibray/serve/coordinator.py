@@ -267,7 +267,7 @@ class Coordinator:
             quarantined = sorted({(sw, self.pool.names.get(h, h[:12])) for sw, h in self.pool.quarantined})
             return {
                 "name": self.cfg.service.name, "uptime_s": time.time() - self.started, "pid": os.getpid(),
-                "slots": self.pool.describe(), "lanes": self.pool.opt.lanes, "isolation": self.cfg.runner.isolation,
+                "slots": self.pool.describe(), "lanes": self.pool.lanes(), "isolation": self.cfg.runner.isolation,
                 "queue_depth": len(self.queue), "queue_by_client": self.queue.depth(),
                 "in_flight": sum(len(s.inflight) for s in self.pool.slots), "pending": len(self.pending),
                 "max_queue": self.queue.max_total, "max_queue_per_client": self.queue.max_per_client,

@@ -134,7 +134,7 @@ class ServicePool(WorkerPool):
         """Dispatch what fits, wait up to `timeout_s` for one slot event and handle what came;
         returns whether anything is in flight or starting (False: the caller may sleep)."""
         for slot in self.slots:
-            while slot.phase == "ready" and len(slot.inflight) < self.opt.lanes + 1:
+            while slot.phase == "ready" and len(slot.inflight) < slot.lanes(self.opt.lanes) + 1:
                 item = self.queue.pop()
                 if item is None:
                     break
@@ -205,6 +205,7 @@ class ServicePool(WorkerPool):
         for s in self.slots:
             info = (s.info or {}) if s.phase == "ready" else {}
             out.append({"index": s.index, "phase": s.phase, "generation": s.generation, "name": info.get("name"),
-                        "pid": info.get("pid"), "device": info.get("device"), "inflight": len(s.inflight)})
+                        "pid": info.get("pid"), "device": info.get("device"), "lanes": info.get("lanes"),
+                        "inflight": len(s.inflight)})
         return out
 

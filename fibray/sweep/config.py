@@ -125,7 +125,7 @@ class RunnerConfig(_Strict):
     lanes: Union[Literal["auto"], Annotated[int, Field(ge=1, le=16)]] = "auto"
     """Jobs in flight per GPU, each on its own executor: their builds, trials and checks overlap on the
     GPU; timing (the candidate's and the reference's) always has the GPU to itself. auto: `auto_lanes`
-    of the host's CPUs per GPU."""
+    of the host's CPUs per GPU on a CPU slot, fibray.workers.spec.GPU_AUTO_LANES on a GPU (slot_lanes)."""
     prewarm: Union[Literal["auto"], bool] = "auto"
     """While a slot runs one solution's jobs, ready a standby for the solution it likely takes next: it
     builds that solution and calls it once on inputs of its own, judged by nobody, so the first call's

@@ -482,6 +482,8 @@ def _run(cfg: SweepConfig, todo: list[Job], report: SweepReport, recorder: _Reco
         first = pool.first_dispatch if pool.first_dispatch is not None else time.monotonic()
         report.start_s, report.run_s = first - t0 - report.setup_s, time.monotonic() - first
         report.slot_stats = pool.slot_stats()
+        if not service:
+            report.lanes = pool.lanes()
     except WorkerStartError as e:
         raise ClusterError(str(e)) from None
     except KeyboardInterrupt:

@@ -43,9 +43,9 @@ KEY_TABLE: tuple[tuple[tuple[str, ...], str], ...] = (
     (("eval.build_deadline_s", "eval.run_deadline_s"), "deadlines per job"),
     (("eval.log_limit",), "characters of a candidate's error text kept in its record"),
     (("runner.isolation",), "`auto` (persistent, escalate faults), `persistent`, `isolated`"),
-    (("runner.lanes",), "jobs in flight per GPU (default `auto`: min(4, max(1, CPUs per GPU // 2)), so 1 on a "
-                        "2-core host and 4 on a 16-core one-GPU host); builds, trials and checks overlap, timing "
-                        "stays exclusive"),
+    (("runner.lanes",), "jobs in flight per slot (default `auto`: 1 on a GPU, whose timed windows stop the other "
+                        "lanes' executors, so more lanes were slower there; on a CPU slot min(4, max(1, CPUs // 2))); "
+                        "builds, trials and checks overlap, timing stays exclusive"),
     (("runner.prewarm",), "ready a standby for the solution a GPU likely runs next (default `auto`: on GPU slots): it builds "
                           "and calls it once, judged by nobody, so Triton's JIT falls off the job's path"),
     (("runner.quarantine_after", "runner.max_attempts"), "faults before quarantine; re-runs of a job whose slot was lost"),

@@ -74,6 +74,7 @@ class PoolOptions:
     standby: int = 1                 # warm standby executors per slot
     spare_isolated: int = 1
     lanes: int = 1                   # jobs in flight per slot
+    lanes_auto: bool = False         # lanes came from runner.lanes=auto: a GPU slot takes its own (slot_lanes)
     prewarm: Union[bool, str] = "auto"  # ready an executor for the solution a slot likely takes next (auto: on GPUs)
     sandbox: SandboxPolicy = field(default_factory=SandboxPolicy)
     actor_prefix: Optional[str] = None
@@ -99,13 +100,15 @@ class PoolOptions:
         return cls(num_slots=num_slots, torch_threads=torch_threads, start_deadline_s=start_deadline_s,
                    isolation=r.isolation, quarantine_after=r.quarantine_after, max_attempts=r.max_attempts,
                    standby=standby_count(r.standby, lanes, cpus), spare_isolated=r.spare_isolated, lanes=lanes,
+                   lanes_auto=r.lanes == "auto",
                    prewarm=r.prewarm, workdir=workdir or r.workdir, sandbox=policy)
 
     def slot_spec(self, name: str) -> SlotSpec:
         """What one slot actor is asked to be (no spares where nothing is ever isolated)."""
         return SlotSpec(name=name, sandbox=self.sandbox, workdir=self.workdir, torch_threads=self.torch_threads,
                         standby=self.standby, spare_isolated=self.spare_isolated if self.isolation != "persistent" else 0,
-                        lanes=self.lanes, quarantine_after=self.quarantine_after, prewarm=self.prewarm)
+                        lanes=self.lanes, lanes_auto=self.lanes_auto, quarantine_after=self.quarantine_after,
+                        prewarm=self.prewarm)
 
 
 @dataclass
@@ -131,6 +134,10 @@ class Slot:
     inflight: dict = field(default_factory=dict)  # ObjectRef -> Flight
     group: Any = None
     why: str = ""  # why it could not start, when it could not
+
+    def lanes(self, configured: int) -> int:
+        """The lanes its actor runs (fibray.workers.spec.slot_lanes; `configured` until it said)."""
+        return int(self.info.get("lanes", configured)) if self.info else configured
 
 
 class WorkerPool:
@@ -183,6 +190,10 @@ class WorkerPool:
                     ray.kill(slot.actor, no_restart=True)
                     slot.actor = None
 
+    def lanes(self) -> int:
+        """The most lanes a slot runs (each slot says once it is ready; runner.lanes until then)."""
+        return max((s.lanes(self.opt.lanes) for s in self.slots if s.info), default=self.opt.lanes)
+
     def slot_stats(self) -> list[dict]:
         live = [s for s in self.slots if s.actor is not None and s.phase == "ready"]
         return ray.get([s.actor.stats.remote() for s in live], timeout=deadlines.SLOT_STATS_S) if live else []
@@ -208,7 +219,7 @@ class WorkerPool:
             self.start()
         while groups or any(s.inflight for s in self.slots):
             for slot in self.slots:
-                while slot.phase == "ready" and len(slot.inflight) < self.opt.lanes + 1 and groups:
+                while slot.phase == "ready" and len(slot.inflight) < slot.lanes(self.opt.lanes) + 1 and groups:
                     job = self._next_job(slot, groups)
                     if job.solution.hash in self.quarantined:
                         on_result(job, self._quarantine_verdict(slot, job))
@@ -269,7 +280,7 @@ class WorkerPool:
         ref = slot.actor.evaluate.remote(job, mode, started_at)
         # the supervisor enforces the real deadlines; this one only catches a supervisor that hangs
         # (a job may first wait for a lane to free up, and for the other lanes' timings)
-        wait = budget * (self.opt.lanes + 1)
+        wait = budget * (slot.lanes(self.opt.lanes) + 1)
         slot.inflight[ref] = Flight(job, started_at, time.monotonic() + (2 * budget if mode == "auto" else budget)
                                     + wait + self.opt.start_deadline_s)
 

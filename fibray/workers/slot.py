@@ -38,7 +38,7 @@ from fibray.workers.gpu_lock import GpuLock, LaneGpu
 from fibray.workers.process import sandbox
 from fibray.workers.process.forkserver import ForkedProcess
 from fibray.workers.remote import CalibrationSide, ExecutorFault, RemoteCalls, answer
-from fibray.workers.spec import PREWARM_AHEAD, SlotSpec, distinct_shapes
+from fibray.workers.spec import PREWARM_AHEAD, SlotSpec, distinct_shapes, slot_lanes
 from fibray.workers.start import SlotStart
 from fibray.workers.process.executor import LEAK_BYTES
 from fibray.workers.quiesce import Quiet
@@ -116,10 +116,11 @@ class GpuSlot:
         """Per (sweep, solution hash), the statuses of the faults this slot saw (a job sent ahead of
         its solution's faults runs isolated, or not at all once they reach spec.quarantine_after);
         per sweep, as the driver's quarantine is (a service's slots serve many sweeps)."""
-        self._lanes = threading.Semaphore(spec.lanes)
+        self.lanes = slot_lanes(spec, self.device.type)
+        self._lanes = threading.Semaphore(self.lanes)
         """A job (persistent or isolated) holds a lane; a job sent ahead of time waits here for one."""
         self.spec = spec
-        self.want_standby, self.spare_isolated, self.lanes = int(spec.standby), spec.spare_isolated, spec.lanes
+        self.want_standby, self.spare_isolated = int(spec.standby), spec.spare_isolated
         device = str(self.device) if self.device.type == "cuda" else "cpu"
         # executors first (unless the actor started them already): they warm up while this process does
         if start is None:

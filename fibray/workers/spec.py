@@ -36,6 +36,9 @@ class SlotSpec:
     """Pre-warmed single-use executors for fresh-process isolation (0 when never isolating)."""
     lanes: int = 1
     """Jobs in flight at once, each on its own persistent executor (timing stays exclusive)."""
+    lanes_auto: bool = False
+    """`lanes` came from `runner.lanes: auto` (the host's CPUs): the slot takes GPU_AUTO_LANES instead on a GPU
+    (slot_lanes)."""
     quarantine_after: int = 3
     """Faults of one solution this slot has seen before its further jobs here are not run (quarantined)."""
     prewarm: Union[bool, str] = "auto"
@@ -55,6 +58,20 @@ class SlotSpec:
             raise ValueError(f"SlotSpec.prewarm: must be true, false or 'auto', got {self.prewarm!r}")
         if self.torch_threads is not None and self.torch_threads < 1:
             raise ValueError(f"SlotSpec.torch_threads: must be at least 1 or None, got {self.torch_threads}")
+
+
+GPU_AUTO_LANES = 1
+"""The lanes `runner.lanes: auto` gives a slot on a GPU. Every timed window there stops the slot's other
+executors (and this process keeps its own GPU work off the GPU), so a second lane's calls and compiles
+mostly wait, and its supervisor thread's Python slows the window's own clock readings (bound retries):
+on an H100 with 16 CPUs, 224 evaluations took 48.5 s with one lane and 56.0 s with two in one run, 68.4 s
+with one and 86.2 s with four in another (benchmarks/RESULTS.md, section 28). Standbys and prewarm, not
+lanes, take compilation off the GPU's path there."""
+
+
+def slot_lanes(spec: "SlotSpec", device_type: str) -> int:
+    """The lanes a slot on `device_type` runs: spec.lanes, or GPU_AUTO_LANES on a GPU where they came from `auto`."""
+    return GPU_AUTO_LANES if spec.lanes_auto and device_type == "cuda" else spec.lanes
 
 
 PREWARM_AHEAD = 3
