@@ -167,7 +167,16 @@ LANES_TOLERANCE = 0.02
 """How far the median latency ratio lanes=N / lanes=1 may be from 1."""
 
 
-def run_fibray(data: Path, work: Path, args: argparse.Namespace, lanes: int, address: str | None = None) -> dict[str, Any]:
+def _lanes(text: str) -> int | str:
+    """A --lanes value: a positive number, or `auto` (runner.lanes' default)."""
+    if text == "auto":
+        return text
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: a number of lanes (at least 1) or auto")
+    return int(text)
+
+
+def run_fibray(data: Path, work: Path, args: argparse.Namespace, lanes: int | str, address: str | None = None) -> dict[str, Any]:
     from fibray.store import TraceStore
 
     tag = f"{lanes}-cluster" if address else str(lanes)
@@ -261,7 +270,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--languages", nargs="+", default=["python", "triton"], help="solution languages to compare")
     ap.add_argument("--work", type=Path, default=Path("/tmp/fibray-vs-fib"))
     ap.add_argument("--only", choices=("fibray", "flashinfer-bench"), default=None)
-    ap.add_argument("--lanes", type=int, nargs="+", default=[1], help="fibray runs, one per runner.lanes value")
+    ap.add_argument("--lanes", type=_lanes, nargs="+", default=[1],
+                    help="fibray runs, one per runner.lanes value (a number, or auto: fibray's default)")
     ap.add_argument("--existing-cluster", action="store_true",
                     help="one more fibray run (last --lanes value) joining a Ray head started before the clock starts")
     ap.add_argument("--fibray-override", nargs="*", default=[], help="extra fibray.sweep overrides (key=value)")
