@@ -321,6 +321,38 @@ def test_each_change_of_solution_takes_a_warm_standby_and_a_new_one_starts(tmp_p
         s.shutdown()
 
 
+def test_a_change_of_solution_does_not_wait_for_the_retired_executor_to_end():
+    """The executor that served another solution is killed as the lane changes hands; the wait for its
+    end, its cleanup and its uid's release run beside the next job (held up here by a drain of its
+    output that takes a second: the retirement joins it for up to OUTPUT_DRAIN_S). That job neither
+    waits for it (its own timed window opens once the predecessor has ended, not once it is cleaned up)
+    nor has its processes counted as strays."""
+    import threading
+
+    from fibray import deadlines
+
+    s = GpuSlot(SlotSpec("retire-soon", workdir=str(reachable_tmpdir("fibray-slot-rs-")), standby=1, spare_isolated=0))
+    try:
+        s.info()
+        first = s.evaluate(_jobs("rmsnorm_h4096_torch")[0], "auto", now_iso())
+        assert first.evaluation.status.value == "PASSED", first.evaluation.log[-300:]
+        old = s.active
+        old.drainer = threading.Thread(target=time.sleep, args=(2 * deadlines.OUTPUT_DRAIN_S,), daemon=True)
+        old.drainer.start()
+        strays = s.counters["strays_killed"]
+        t0 = time.monotonic()
+        second = s.evaluate(_jobs("rmsnorm_h4096_triton")[0], "auto", now_iso())
+        took = time.monotonic() - t0
+        assert second.evaluation.status.value == "PASSED", second.evaluation.log[-300:]
+        assert s.counters["solution_changes"] == 1 and s.active is not old
+        assert s._retiring and took < deadlines.OUTPUT_DRAIN_S, took  # the job did not wait for it
+        assert not old.alive() and s.counters["strays_killed"] == strays
+        s._retired()
+        assert not s._retiring and not old.workdir.exists()  # cleaned up in the end
+    finally:
+        s.shutdown()
+
+
 def test_a_workloads_reference_is_timed_once_and_later_jobs_take_no_gpu_for_it(slot):
     job = _jobs()[0]
     job = job.model_copy(update={"settings": job.settings.model_copy(update={"seed": 4242})})  # a workload state of its own

@@ -93,6 +93,18 @@ class _Warm:
     ok: bool = False
 
 
+@dataclass
+class _Retiring:
+    """An executor being put down in the background (GpuSlot._retire_soon)."""
+
+    uid: Optional[int]
+    """The uid it ran as (None: this process's own)."""
+    exited: threading.Event = field(default_factory=threading.Event)
+    """Set once it and its tree have ended (their GPU contexts with them)..."""
+    done: threading.Event = field(default_factory=threading.Event)
+    """...and once it is cleaned up: output drained, cgroup emptied and removed, uid released."""
+
+
 class GpuSlot:
     """Supervises executors on the GPU Ray gave this actor (or the CPU, for a logical GPU).
 
@@ -119,6 +131,10 @@ class GpuSlot:
         self.lanes = slot_lanes(spec, self.device.type)
         self._lanes = threading.Semaphore(self.lanes)
         """A job (persistent or isolated) holds a lane; a job sent ahead of time waits here for one."""
+        self._retiring: list[_Retiring] = []
+        """Retirements under way (_retire_soon)."""
+        self._dying: set[int] = set()
+        """Their processes, until then."""
         self.spec = spec
         self.want_standby, self.spare_isolated = int(spec.standby), spec.spare_isolated
         device = str(self.device) if self.device.type == "cuda" else "cpu"
@@ -274,7 +290,7 @@ class GpuSlot:
         """Retire an executor; if it was a persistent one, `successor` or else the oldest standby takes
         its lane at once and a new one starts."""
         with self._free:
-            sandbox.retire(ex)  # under the lock: a stray reap never sees its dying tree as strays
+            self._retire_soon(ex)
             self.counters[counter] += 1
             if ex in self.in_use:
                 self.in_use.remove(ex)
@@ -288,6 +304,42 @@ class GpuSlot:
                     self.idle.append(new)
                 self._refill_standbys()
                 self._free.notify()
+
+    def _retire_soon(self, ex: sandbox.Executor) -> None:
+        """(Under the lock.) SIGKILL an executor and its tree now; the wait for their end, the cleanup and
+        the release of its uid run in a thread of their own (~0.15 s a retirement on an H100 host, most
+        of it waiting for the processes and their cgroup to go, which a change of solution paid on the
+        job's path). Until it is done, its processes count as this slot's: no stray reap takes them
+        (those it knew of, and any running as its uid; without a uid of its own a reap waits for it),
+        and no timed window opens before it has ended (_alone waits for that)."""
+        tree = sandbox.descendants(ex.pid) if ex.proc.returncode is None else []
+        sandbox.kill_executor(ex)
+        pids = {ex.pid, *tree}
+        self._dying |= pids
+        going = _Retiring(ex.uid.uid if ex.uid is not None else None)
+
+        def finish() -> None:
+            try:
+                sandbox.retire(ex, tree=tree, exited=going.exited)
+            except Exception:  # noqa: BLE001  (a thread of its own: nothing else would hear of it)
+                log.exception("slot %s: retiring executor %d failed", self.name, ex.pid)
+            finally:
+                with self._lock:
+                    self._dying -= pids
+                    self._retiring.remove(going)
+                going.exited.set()
+                going.done.set()
+
+        self._retiring.append(going)
+        threading.Thread(target=finish, name="fibray-retire", daemon=True).start()
+
+    def _retired(self, ended: bool = False, without_uid: bool = False) -> None:
+        """Wait until every executor put down so far (`without_uid`: of those that ran as this process's
+        uid) has been cleaned up (`ended`: has ended with its tree). Not under the lock."""
+        with self._lock:
+            pending = [r for r in self._retiring if not without_uid or r.uid is None]
+        for r in pending:
+            (r.exited if ended else r.done).wait()
 
     def _refill_standbys(self) -> None:
         """Start standbys until spec.standby are warming (under the lock)."""
@@ -390,6 +442,7 @@ class GpuSlot:
         queued work still runs, and a candidate can undo its executor's own synchronise: the window
         then checks that the GPU is this process's alone (see _gpu_to_itself), as it starts and, for a
         candidate's window, as it ends."""
+        self._retired(ended=True)  # a dying executor's context may still hold the GPU
         with self._lock:
             executors = self._executors()
         with self.quiet.window(name, executors, keep) as w:
@@ -458,9 +511,11 @@ class GpuSlot:
         """Kill processes that re-parented to this slot (their executor is gone, or a candidate
         undid its executor's adoption of orphans). They count against the job only when it was
         the only one running; with several lanes they cannot be told apart, and are only killed."""
+        self._retired(without_uid=True)  # what a retirement has still to end is not a stray
         with self._lock:
-            keep = {e.pid for e in self._executors()} | self.start.own_pids()
-            strays = sandbox.reap_strays(keep, self.spec.sandbox.drop_privileges)
+            keep = {e.pid for e in self._executors()} | self.start.own_pids() | self._dying
+            dying = frozenset(r.uid for r in self._retiring if r.uid is not None)
+            strays = sandbox.reap_strays(keep, self.spec.sandbox.drop_privileges, dying)
             self.counters["strays_killed"] += len(strays)
         return strays if job_alone else []
 
@@ -647,6 +702,7 @@ class GpuSlot:
         return self.judge.fail(fault.status, fault.reason, bound_log(log, job.settings.log_limit), job.settings)
 
     def shutdown(self) -> None:
+        self._retired()
         for ex in self._executors():
             sandbox.retire(ex)
         self.start.close()

@@ -536,20 +536,22 @@ def _stat(pid: int) -> tuple[int, str]:
     return int(fields[1]), fields[0].decode()
 
 
-def reap_strays(keep: set[int], candidates_run_as_others: bool = False) -> list[int]:
+def reap_strays(keep: set[int], candidates_run_as_others: bool = False, spare_uids: frozenset[int] = frozenset()) -> list[int]:
     """Kill every live child of this process that is not a known executor (orphans that
     re-parented to us); collect exited ones (zombies) without counting them.
 
     `candidates_run_as_others`: every executor runs as a uid other than ours (privileges
     dropped), so a child whose real uid is ours cannot descend from a candidate and is spared
     (a process that hosts a slot may have children of its own: a local Ray's raylet, for one).
-    Otherwise every child but `keep` is a stray."""
+    Otherwise every child but `keep` is a stray. A child running as one of `spare_uids` (an executor
+    being retired: its uid's release kills it) is spared too."""
     me, killed = os.getpid(), []
     ours = os.getuid()
     for child in descendants(me):
         try:
             ppid, state = _stat(child)
-            spared = candidates_run_as_others and process_uids(child)[1][0] == ours
+            uids = process_uids(child)[1]
+            spared = (candidates_run_as_others and uids[0] == ours) or any(u in spare_uids for u in uids)
         except (OSError, ValueError, IndexError):
             continue
         if ppid != me or child in keep or spared:
@@ -584,9 +586,13 @@ def wait_exited(pids: Iterable[int], deadline: float, poll_s: float = 0.01) -> N
             time.sleep(poll_s)
 
 
-def retire(ex: Executor, wait_s: float = deadlines.RETIRE_EXIT_S) -> None:
-    """Put an executor down with its whole tree, close its channel, remove its directory."""
-    tree = descendants(ex.pid) if ex.proc.returncode is None else []
+def retire(ex: Executor, wait_s: float = deadlines.RETIRE_EXIT_S, tree: Optional[list[int]] = None,
+           exited: Optional[threading.Event] = None) -> None:
+    """Put an executor down with its whole tree, close its channel, remove its directory. `tree`: its
+    descendants, where the caller took them (and killed them) already; `exited`, set once the executor
+    and that tree have ended (before the cleanup)."""
+    if tree is None:
+        tree = descendants(ex.pid) if ex.proc.returncode is None else []
     kill_executor(ex)
     try:
         ex.proc.wait(timeout=wait_s)
@@ -600,6 +606,8 @@ def retire(ex: Executor, wait_s: float = deadlines.RETIRE_EXIT_S) -> None:
             os.waitpid(pid, os.WNOHANG)
         except ChildProcessError:
             pass
+    if exited is not None:
+        exited.set()
     if ex.drainer is not None:
         ex.drainer.join(deadlines.OUTPUT_DRAIN_S)  # its last output is in the tail before anyone reads why it ended
     ex.conn.close()
