@@ -111,8 +111,12 @@ def test_guards_poison_and_input_checks_run_on_the_supervisors_mapping():
     raw[layout.outputs[0][0].off + layout.outputs[0][0].nbytes] = 0  # one byte past the output
     assert not mem.guards_intact(0) and mem.guards_intact(1)
     assert mem.changed_input(1, sets[1]) is None
+    assert mem.changed_inputs(dict(enumerate(sets))) is None
     mem.inputs(1)[2][3] = 5
     assert mem.changed_input(1, sets[1]) == 2
+    assert mem.changed_inputs(dict(enumerate(sets))) == (1, 2)  # all sets at once: the first that differs
+    mem.inputs(0)[2][0] += 1
+    assert mem.changed_inputs(dict(enumerate(sets))) == (0, 2) and mem.changed_inputs({1: sets[1]}) == (1, 2)
     mem.close()
 
 

@@ -262,11 +262,11 @@ class Judge:
 
     def unchanged_sets(self, job: Job, mem: JobMemory, expected: list[list[Any]], what: str) -> CheckResult:
         """Every input set of the region against what it must hold."""
-        for j, values in enumerate(expected):
-            changed = mem.changed_input(j, values)
-            if changed is not None:
-                name = list(job.definition.inputs)[changed]
-                return CheckResult(Status.INCORRECT_NUMERICAL, Reason.MUTATED_INPUTS, f"input {name!r} of set {j} {what}")
+        changed = mem.changed_inputs(dict(enumerate(expected)))
+        if changed is not None:
+            j, i = changed
+            name = list(job.definition.inputs)[i]
+            return CheckResult(Status.INCORRECT_NUMERICAL, Reason.MUTATED_INPUTS, f"input {name!r} of set {j} {what}")
         return CheckResult()
 
     def check_timed(self, job: Job, state: _WorkloadState, mem: JobMemory, plan: _JobPlan, sets: list[list[Any]],
