@@ -99,10 +99,8 @@ class _Retiring:
 
     uid: Optional[int]
     """The uid it ran as (None: this process's own)."""
-    exited: threading.Event = field(default_factory=threading.Event)
-    """Set once it and its tree have ended (their GPU contexts with them)..."""
     done: threading.Event = field(default_factory=threading.Event)
-    """...and once it is cleaned up: output drained, cgroup emptied and removed, uid released."""
+    """Set once it and its tree have ended and it is cleaned up (output drained, cgroup removed, uid released)."""
 
 
 class GpuSlot:
@@ -309,9 +307,9 @@ class GpuSlot:
         """(Under the lock.) SIGKILL an executor and its tree now; the wait for their end, the cleanup and
         the release of its uid run in a thread of their own (~0.15 s a retirement on an H100 host, most
         of it waiting for the processes and their cgroup to go, which a change of solution paid on the
-        job's path). Until it is done, its processes count as this slot's: no stray reap takes them
-        (those it knew of, and any running as its uid; without a uid of its own a reap waits for it),
-        and no timed window opens before it has ended (_alone waits for that)."""
+        job's path: it now overlaps the next job's attach, trials and checks). Until it is done, its
+        processes count as this slot's: no stray reap takes them (those it knew of, and any running as its
+        uid; without a uid of its own a reap waits for it), and no timed window opens (_alone waits)."""
         tree = sandbox.descendants(ex.pid) if ex.proc.returncode is None else []
         sandbox.kill_executor(ex)
         pids = {ex.pid, *tree}
@@ -320,26 +318,25 @@ class GpuSlot:
 
         def finish() -> None:
             try:
-                sandbox.retire(ex, tree=tree, exited=going.exited)
+                sandbox.retire(ex, tree=tree)
             except Exception:  # noqa: BLE001  (a thread of its own: nothing else would hear of it)
                 log.exception("slot %s: retiring executor %d failed", self.name, ex.pid)
             finally:
                 with self._lock:
                     self._dying -= pids
                     self._retiring.remove(going)
-                going.exited.set()
                 going.done.set()
 
         self._retiring.append(going)
         threading.Thread(target=finish, name="fibray-retire", daemon=True).start()
 
-    def _retired(self, ended: bool = False, without_uid: bool = False) -> None:
+    def _retired(self, without_uid: bool = False) -> None:
         """Wait until every executor put down so far (`without_uid`: of those that ran as this process's
-        uid) has been cleaned up (`ended`: has ended with its tree). Not under the lock."""
+        uid) has ended and been cleaned up. Not under the lock."""
         with self._lock:
             pending = [r for r in self._retiring if not without_uid or r.uid is None]
         for r in pending:
-            (r.exited if ended else r.done).wait()
+            r.done.wait()
 
     def _refill_standbys(self) -> None:
         """Start standbys until spec.standby are warming (under the lock)."""
@@ -442,7 +439,10 @@ class GpuSlot:
         queued work still runs, and a candidate can undo its executor's own synchronise: the window
         then checks that the GPU is this process's alone (see _gpu_to_itself), as it starts and, for a
         candidate's window, as it ends."""
-        self._retired(ended=True)  # a dying executor's context may still hold the GPU
+        # nothing of a retirement runs in a window: a dying executor's context may still hold the GPU, and its
+        # cleanup's Python would hold up this process's clock readings (an honest stepped CPU timing on a
+        # two-core host was judged a lie while one ran)
+        self._retired()
         with self._lock:
             executors = self._executors()
         with self.quiet.window(name, executors, keep) as w:

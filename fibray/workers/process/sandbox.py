@@ -586,11 +586,9 @@ def wait_exited(pids: Iterable[int], deadline: float, poll_s: float = 0.01) -> N
             time.sleep(poll_s)
 
 
-def retire(ex: Executor, wait_s: float = deadlines.RETIRE_EXIT_S, tree: Optional[list[int]] = None,
-           exited: Optional[threading.Event] = None) -> None:
+def retire(ex: Executor, wait_s: float = deadlines.RETIRE_EXIT_S, tree: Optional[list[int]] = None) -> None:
     """Put an executor down with its whole tree, close its channel, remove its directory. `tree`: its
-    descendants, where the caller took them (and killed them) already; `exited`, set once the executor
-    and that tree have ended (before the cleanup)."""
+    descendants, where the caller took them (and killed them) already."""
     if tree is None:
         tree = descendants(ex.pid) if ex.proc.returncode is None else []
     kill_executor(ex)
@@ -606,8 +604,6 @@ def retire(ex: Executor, wait_s: float = deadlines.RETIRE_EXIT_S, tree: Optional
             os.waitpid(pid, os.WNOHANG)
         except ChildProcessError:
             pass
-    if exited is not None:
-        exited.set()
     if ex.drainer is not None:
         ex.drainer.join(deadlines.OUTPUT_DRAIN_S)  # its last output is in the tail before anyone reads why it ended
     ex.conn.close()
