@@ -310,8 +310,7 @@ class GpuSlot:
         job's path: it now overlaps the next job's attach, trials and checks). Until it is done, its
         processes count as this slot's: no stray reap takes them (those it knew of, and any running as its
         uid; without a uid of its own a reap waits for it), and no timed window opens (_alone waits)."""
-        tree = sandbox.descendants(ex.pid) if ex.proc.returncode is None else []
-        sandbox.kill_executor(ex)
+        tree = sandbox.kill_executor(ex)
         pids = {ex.pid, *tree}
         self._dying |= pids
         going = _Retiring(ex.uid.uid if ex.uid is not None else None)

@@ -496,8 +496,8 @@ def live_descendants(pid: int) -> list[int]:
     return out
 
 
-def kill_tree(pid: int, pgid: Optional[int] = None) -> None:
-    """SIGKILL a process group and every descendant of pid; never raises."""
+def kill_tree(pid: int, pgid: Optional[int] = None) -> list[int]:
+    """SIGKILL a process group and every descendant of pid; never raises. Returns the descendants."""
     victims = descendants(pid)
     for target in filter(None, [pgid]):
         try:
@@ -509,6 +509,7 @@ def kill_tree(pid: int, pgid: Optional[int] = None) -> None:
             os.kill(p, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
+    return victims
 
 
 def uid_of(pid: int) -> Optional[int]:
@@ -550,7 +551,7 @@ def reap_strays(keep: set[int], candidates_run_as_others: bool = False, spare_ui
     for child in descendants(me):
         try:
             ppid, state = _stat(child)
-            uids = process_uids(child)[1]
+            uids = process_uids(child)[1] if candidates_run_as_others or spare_uids else ()
             spared = (candidates_run_as_others and uids[0] == ours) or any(u in spare_uids for u in uids)
         except (OSError, ValueError, IndexError):
             continue
@@ -566,12 +567,11 @@ def reap_strays(keep: set[int], candidates_run_as_others: bool = False, spare_ui
     return killed
 
 
-def kill_executor(ex: Executor) -> None:
+def kill_executor(ex: Executor) -> list[int]:
     """SIGKILL an executor's process group and tree, unless it has been reaped already: its pid
     and group id could then belong to a process started since (what it left behind re-parented
-    to this process, where the stray reap finds it)."""
-    if ex.proc.returncode is None:
-        kill_tree(ex.pid, ex.pid)
+    to this process, where the stray reap finds it). Returns the descendants it killed."""
+    return kill_tree(ex.pid, ex.pid) if ex.proc.returncode is None else []
 
 
 def wait_exited(pids: Iterable[int], deadline: float, poll_s: float = 0.01) -> None:
@@ -589,9 +589,8 @@ def wait_exited(pids: Iterable[int], deadline: float, poll_s: float = 0.01) -> N
 def retire(ex: Executor, wait_s: float = deadlines.RETIRE_EXIT_S, tree: Optional[list[int]] = None) -> None:
     """Put an executor down with its whole tree, close its channel, remove its directory. `tree`: its
     descendants, where the caller took them (and killed them) already."""
-    if tree is None:
-        tree = descendants(ex.pid) if ex.proc.returncode is None else []
-    kill_executor(ex)
+    killed = kill_executor(ex)
+    tree = killed if tree is None else tree
     try:
         ex.proc.wait(timeout=wait_s)
     except subprocess.TimeoutExpired:
