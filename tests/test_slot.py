@@ -351,6 +351,89 @@ def test_a_change_of_solution_does_not_wait_for_the_retired_executor_to_end():
         s.shutdown()
 
 
+_RMSNORM_DPS = """import torch
+
+
+def run(hidden_states, weight, output):  # KEY
+    x = hidden_states.float()
+    output.copy_(x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5) * weight.float())
+"""
+
+
+def test_an_executor_keeps_its_job_region_for_its_next_jobs_and_loses_it_when_retired(slot, monkeypatch):
+    """A persistent executor's jobs share one region (a new one, on both sides, per job cost ~20 ms on a
+    GPU): made once, sent once as a descriptor, named by later jobs; replaced by a larger one when a job
+    needs more. Each job still finds its inputs, guards and poison as on a new region (an honest verdict
+    every time; a candidate that checks its output buffers hold poison passes job after job). The region
+    is closed with its executor: the next solution's executor gets one of its own."""
+    made, real = [], slot.judge.regions
+
+    def counted(size, device):
+        made.append(real(size, device))
+        return made[-1]
+
+    monkeypatch.setattr(slot.judge, "regions", counted)
+    attaches = []
+    from fibray.workers import remote
+
+    ask = remote.RemoteCalls._ask
+
+    def noted(self, req, *a, **kw):
+        if req.op == "attach":
+            attaches.append(req.region)
+        return ask(self, req, *a, **kw)
+
+    monkeypatch.setattr(remote.RemoteCalls, "_ask", noted)
+    jobs = _jobs()  # batch 1, 7 and 33: growing regions
+    sol = inline_solution("keeps_region", _RMSNORM_DPS.replace("KEY", "keeps its region"))
+    first = slot.evaluate(jobs[1].model_copy(update={"job_id": "kr-a", "solution": sol}), "auto", now_iso())
+    assert first.evaluation.status.value == "PASSED", first.evaluation.log[-500:]
+    ex = slot.active
+    assert ex.solution == sol.hash and len(made) == 1 and attaches == ["keep"]
+    for i, job in enumerate([jobs[1], jobs[0], jobs[1]]):
+        r = slot.evaluate(job.model_copy(update={"job_id": f"kr-b{i}", "solution": sol}), "auto", now_iso())
+        assert r.evaluation.status.value == "PASSED", r.evaluation.log[-500:]
+    assert slot.active is ex and len(made) == 1 and attaches == ["keep", "kept", "kept", "kept"]
+    bigger = slot.evaluate(jobs[2].model_copy(update={"job_id": "kr-c", "solution": sol}), "auto", now_iso())
+    assert bigger.evaluation.status.value == "PASSED", bigger.evaluation.log[-500:]
+    assert len(made) == 2 and attaches[-1] == "keep" and made[0].size < made[1].size
+    with pytest.raises(AssertionError, match="closed"):
+        made[0].bytes()  # the smaller one is gone from this side
+    # every job on a kept region finds its output buffers poisoned (not the answers of the job before)
+    # (a candidate that fails loudly otherwise passes job after job)
+    checks = inline_solution("finds_poison", _RMSNORM_DPS.replace("# KEY", """# finds poison
+    if not torch.isnan(output).all():
+        raise RuntimeError("an output buffer held something else than poison")"""))
+    for i, job in enumerate([jobs[2], jobs[2], jobs[1]]):
+        job = job.model_copy(update={"job_id": f"kr-p{i}", "solution": checks,
+                                     "settings": job.settings.model_copy(update={"seed": 100 + i})})
+        r = slot.evaluate(job, "auto", now_iso())
+        assert r.evaluation.status.value == "PASSED", r.evaluation.log[-500:]
+    assert attaches[-3:] == ["keep", "kept", "kept"]
+    slot._retired()
+    with pytest.raises(AssertionError, match="closed"):
+        made[1].bytes()  # retired with its executor
+    assert ex.region is None and slot.active is not ex
+
+
+def test_an_executor_asked_for_a_kept_region_it_does_not_hold_refuses_and_the_job_runs_elsewhere(slot):
+    """The executor maps a "kept" region only if it holds one large enough: a supervisor and executor
+    that disagree (here the supervisor is told the region is mapped before it ever was) end in the
+    executor's retirement and the job's escalation to a fresh process, never in a job on other memory."""
+    sol = inline_solution("kept_mismatch", _RMSNORM_DPS.replace("KEY", "kept mismatch"))
+    job = _jobs()[0].model_copy(update={"job_id": "km-0", "solution": sol})
+    ex = slot._take_persistent(sol.hash)
+    slot._give_back(ex)
+    ex.region = slot.judge.keeper()
+    ex.region.lend(1 << 20).close()
+    ex.region.mapped = True  # it never was
+    retired = slot.counters["retired"]
+    r = slot.evaluate(job, "auto", now_iso())
+    assert r.evaluation.status.value == "PASSED" and r.escalated and r.isolation == "isolated", r.evaluation.log[-500:]
+    slot._retired()
+    assert slot.counters["retired"] > retired and slot.active is not ex and ex.region is None
+
+
 def test_a_workloads_reference_is_timed_once_and_later_jobs_take_no_gpu_for_it(slot):
     job = _jobs()[0]
     job = job.model_copy(update={"settings": job.settings.model_copy(update={"seed": 4242})})  # a workload state of its own

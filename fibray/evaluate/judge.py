@@ -19,7 +19,7 @@ from fibray.evaluate.candidate import TimeResult, TimingPlan, TrialOutput, norma
 from fibray.check import CheckResult, Draws, Tolerance, checker_for, judge_calls, wants_draws
 from fibray.check.base import structural
 from fibray.evaluate.memory import (
-    TIMED_OUTPUT_BYTES, TIMING_BUDGET_BYTES, TIMING_MAX_SETS, GUARD_BYTES, JobMemory, LocalRegion, Region,
+    TIMED_OUTPUT_BYTES, TIMING_BUDGET_BYTES, TIMING_MAX_SETS, GUARD_BYTES, JobMemory, KeptRegion, LocalRegion, Region,
     InputChanges, draw_seeds, judged_calls, plan_layout, sample_size,
 )
 from fibray.evaluate.inputs import BlobCache, clone_args, job_inputs, torch_dtype
@@ -174,8 +174,12 @@ class Judge:
         return tol, (c.kind if c else "elementwise")
 
     # -- the job's memory and what the supervisor verifies in it ----------------------------
-    def open(self, job: Job, state: _WorkloadState) -> tuple[JobMemory, _JobPlan]:
-        """Allocate the job's region, write every input set into it and poison every output buffer.
+    def keeper(self) -> KeptRegion:
+        """A region for one executor to keep from job to job (pass it to open)."""
+        return KeptRegion(lambda size: self.regions(size, self.device))
+
+    def open(self, job: Job, state: _WorkloadState, keep: Optional[KeptRegion] = None) -> tuple[JobMemory, _JobPlan]:
+        """Allocate the job's region (or lend `keep`'s), write every input set into it and poison every output buffer.
         Timing uses the trials' sets and further ones (at most TIMING_MAX_SETS, TIMING_BUDGET_BYTES);
         each timed call writes its own output buffers while they fit in TIMED_OUTPUT_BYTES."""
         s, d = job.settings, job.definition
@@ -194,7 +198,8 @@ class Judge:
         snapshots = dps and self.device.type == "cpu"
         buffers = min(calls, max(1, TIMED_OUTPUT_BYTES // (out_bytes * (2 if snapshots else 1))))
         layout = plan_layout(self.region_kind, str(self.device), sets, specs, s.trials, dps, buffers, snapshots)
-        mem = JobMemory(self.regions(layout.size, self.device), layout, self.device)
+        region = keep.lend(layout.size) if keep is not None else self.regions(layout.size, self.device)
+        mem = JobMemory(region, layout, self.device)
         try:
             for i, values in enumerate(sets):
                 mem.write_inputs(i, values)

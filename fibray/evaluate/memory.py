@@ -11,7 +11,7 @@ import math
 import mmap
 import os
 import secrets
-from typing import Any, Optional, Protocol
+from typing import Any, Callable, Optional, Protocol
 
 import torch
 from pydantic import BaseModel, ConfigDict
@@ -242,6 +242,69 @@ class LocalRegion:
 
     def close(self) -> None:
         pass
+
+
+KEEP_REGION_BYTES = 256 << 20
+"""An executor keeps its job region for its next job when the region is at most this large (KeptRegion)."""
+
+
+class KeptRegion:
+    """One executor's job region, kept mapped on both sides from one of its jobs to the next: a
+    region made, mapped and closed per job cost ~20 ms of a job's path on an H100 (VMM create, map
+    and close on this side, import and map on the executor's), most of a short job's own time.
+    Only that executor ever maps it, and it serves one solution and is retired with it
+    (fibray.workers.process.sandbox.retire closes this), so nothing of another candidate's job is
+    ever in it; every job writes all its inputs and guards and poisons all its outputs, as on a
+    new region. A job that needs more than the region holds gets a larger one (the old one closed);
+    one larger than KEEP_REGION_BYTES is made for its job alone."""
+
+    def __init__(self, make: Callable[[int], Region], keep_bytes: int = KEEP_REGION_BYTES) -> None:
+        self.make, self.keep_bytes = make, keep_bytes
+        self.region: Optional[Region] = None
+        self.mapped = False
+        """The executor has mapped `region` (set by whoever attached it there)."""
+        self._lent = False
+
+    def lend(self, size: int) -> Region:
+        """A region of at least `size` bytes for one job: the kept one where it can be."""
+        if size > self.keep_bytes or self._lent:
+            return self.make(size)
+        if self.region is None or self.region.size < size:
+            self.close()
+            self.region = self.make(size)
+        self._lent = True
+        return LentRegion(self)
+
+    def lent(self, region: Region) -> bool:
+        """`region` is this one's, as lent."""
+        return isinstance(region, LentRegion) and region.kept is self
+
+    def close(self) -> None:
+        if self.region is not None:
+            self.region.close()
+        self.region, self.mapped, self._lent = None, False, False
+
+
+class LentRegion:
+    """A kept region as one job's (KeptRegion.lend): closing it gives it back."""
+
+    def __init__(self, kept: KeptRegion) -> None:
+        assert kept.region is not None
+        self.kept, self._region = kept, kept.region
+        self.size = kept.region.size
+
+    def bytes(self) -> torch.Tensor:
+        return self._region.bytes()
+
+    def share(self) -> Optional[int]:
+        return self._region.share()
+
+    def piece(self, off: int, nbytes: int) -> torch.Tensor:
+        return _piece(self._region, off, nbytes)
+
+    def close(self) -> None:
+        if self.kept.region is self._region:
+            self.kept._lent = False
 
 
 def view(region: Region, p: Place) -> torch.Tensor:

@@ -101,7 +101,7 @@ def run_job(job: Job, judge: Judge, calls, phases: Optional[Phases] = None, gpu=
     try:
         with gpu.hold(phase, "inputs_reference"):
             state = judge.state(job)
-            mem, plan = judge.open(job, state)
+            mem, plan = judge.open(job, state, getattr(calls, "kept", None))
     except InputError as e:
         return judge.fail(Status.RUNTIME_ERROR, Reason.BAD_WORKLOAD_INPUT, str(e), s)
     try:

@@ -15,7 +15,7 @@ from typing import Callable, Optional
 from fibray import deadlines
 from fibray.compile import BuildError
 from fibray.evaluate.candidate import CandidateFailure, TimeResult, TimingPlan, TrialOutput
-from fibray.evaluate.memory import Layout, Region, SupervisorSteps
+from fibray.evaluate.memory import KeptRegion, Layout, Region, SupervisorSteps
 from fibray.evaluate.phases import Phases
 from fibray.evaluate.run import CandidateCallFailed, Judge, SideFault, timing_of
 from fibray.schema import EvaluationStatus, Job
@@ -49,8 +49,11 @@ class RemoteCalls:
     """run_job's candidate side, answered by an executor process under deadlines."""
 
     def __init__(self, ex: sandbox.Executor, job: Job, phase: Phases, quiet: Optional[Quiet] = None,
-                 stopwatch: Optional[Stopwatch] = None, step_clock: Optional[StepClock] = None) -> None:
+                 stopwatch: Optional[Stopwatch] = None, step_clock: Optional[StepClock] = None,
+                 kept: Optional[KeptRegion] = None) -> None:
         self.ex, self.job, self.phase, self.quiet = ex, job, phase, quiet
+        self.kept = kept
+        """The executor's region kept from job to job (the judge lends it to each job; None: one per job)."""
         self.stopwatch = stopwatch
         """What the timing bound reads around a request (ExecutorStopwatch on a CPU slot; None: the wall)."""
         self.step_clock = step_clock
@@ -129,12 +132,20 @@ class RemoteCalls:
         return self._run(Request(Op.WARM, job)).ok and self._after_call() is None
 
     def attach(self, job: Job, layout: Layout, region: Region) -> None:
-        fd = region.share()
-        if fd is None:
-            raise RuntimeError(f"a {layout.kind} region cannot be shared with an executor")
-        reply = self._run(Request(Op.ATTACH, job, layout=layout), fds=[fd])
+        """The job's region mapped in the executor: sent as a descriptor, or, where it is the kept region
+        the executor mapped for an earlier job, named only."""
+        lent = self.kept is not None and self.kept.lent(region)
+        if lent and self.kept.mapped:
+            reply = self._run(Request(Op.ATTACH, job, layout=layout, region="kept"))
+        else:
+            fd = region.share()
+            if fd is None:
+                raise RuntimeError(f"a {layout.kind} region cannot be shared with an executor")
+            reply = self._run(Request(Op.ATTACH, job, layout=layout, region="keep" if lent else "job"), fds=[fd])
         if not reply.ok:
             raise ExecutorFault(Status.RUNTIME_ERROR, Reason.EXECUTOR_ERROR, f"mapping the job's region failed: {reply.error}")
+        if lent:
+            self.kept.mapped = True
         self._mapped = (layout, region)
 
     def _after_call(self) -> Optional[CandidateFailure]:
@@ -347,7 +358,7 @@ class CalibrationSide:
         return self.calls.build(job)
 
     def prepare_time(self, job: Job) -> None:
-        mem, plan = self.judge.open(job, self.judge.state(job))
+        mem, plan = self.judge.open(job, self.judge.state(job), self.calls.kept)
         self._memory[job.job_id] = (mem, plan)
         self.calls.attach(job, mem.layout, mem.region)
         self.calls.prepare_time(job, plan.timing())

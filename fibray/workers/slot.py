@@ -678,7 +678,9 @@ class GpuSlot:
                          phases=phase)
 
     def _run(self, ex: sandbox.Executor, job: Job, phase: Phases) -> tuple[Optional[Evaluation], Optional[ExecutorFault]]:
-        calls = RemoteCalls(ex, job, phase, self.quiet, self._stopwatch(ex), self._step_clock(ex))
+        if ex.region is None and not ex.single_use:
+            ex.region = self.judge.keeper()
+        calls = RemoteCalls(ex, job, phase, self.quiet, self._stopwatch(ex), self._step_clock(ex), ex.region)
         with phase("calibration"):
             overhead = self._overhead_for(job.settings)
         try:

@@ -22,7 +22,7 @@ import struct
 import time
 from enum import StrEnum
 from multiprocessing.connection import Connection
-from typing import Any, Optional
+from typing import Any, Literal, Optional
 
 import torch
 from pydantic import BaseModel, ConfigDict, StrictBool, ValidationError
@@ -54,7 +54,8 @@ class Op(StrEnum):
     BUILD = "build"
     """Build (import or compile) the job's solution."""
     ATTACH = "attach"
-    """Map the job's region (its file descriptor follows the request on the socket)."""
+    """Map the job's region (its file descriptor follows the request on the socket), or take the one
+    kept from an earlier job (Request.region)."""
     TRIAL = "trial"
     """Call the candidate on trial `trial`'s input set, into that trial's output buffers."""
     PREPARE_TIME = "prepare_time"
@@ -67,7 +68,7 @@ class Op(StrEnum):
     RECHECK = "recheck"
     """Call again on the first input set, which the supervisor rewrote in place."""
     FINISH = "finish"
-    """Drop the job and unmap its region."""
+    """Drop the job and unmap its region, unless it is the one kept."""
     HEALTH = "health"
     """The canary and the memory baseline."""
     EXIT = "exit"
@@ -82,6 +83,10 @@ class Request(BaseModel):
     trial: int = 0
     layout: Optional[Layout] = None
     """With ATTACH: where everything of the job lies in its region."""
+    region: Literal["job", "keep", "kept"] = "job"
+    """With ATTACH: "job", map the descriptor that follows for this job alone (unmapped at FINISH);
+    "keep", map it and keep it mapped for later jobs (unmapping the one kept before); "kept", the
+    region kept from an earlier job (no descriptor follows). fibray.evaluate.memory.KeptRegion."""
     timing: Optional[TimingPlan] = None
     """With PREPARE_TIME."""
     seeds: Optional[list[int]] = None

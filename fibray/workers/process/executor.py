@@ -82,7 +82,9 @@ def main(argv: list[str] | None = None) -> None:
     gc.freeze()
     baseline = torch.cuda.memory_allocated(device) if device.type == "cuda" else 0
     regions: dict[str, object] = {}
-    """The job regions this executor has mapped, by job id (unmapped at FINISH)."""
+    """The job regions this executor has mapped, by job id (unmapped at FINISH, but the kept one)."""
+    kept = None
+    """The region kept mapped from job to job (Request.region), until the supervisor sends another."""
     send(conn, Reply(True, Hello(pid=os.getpid(), uid=os.getuid())), arena)
     while True:
         try:
@@ -98,8 +100,18 @@ def main(argv: list[str] | None = None) -> None:
                 err = runner.build(req.job)
                 reply = Reply(True) if err is None else Reply(False, error=str(err), status="COMPILE_ERROR", reason=err.reason)
             elif req.op == Op.ATTACH:
-                (fd,) = recv_fds(conn, 1)
-                region = regions[req.job.job_id] = _map(req.layout, fd, device)
+                if req.region == "kept":
+                    if kept is None or getattr(kept, "size", 0) < req.layout.size:
+                        raise RuntimeError(f"no region of {req.layout.size} bytes is kept in this executor")
+                    region = kept
+                else:
+                    (fd,) = recv_fds(conn, 1)
+                    region = _map(req.layout, fd, device)
+                    if req.region == "keep":
+                        if kept is not None:
+                            kept.close()
+                        kept = region
+                regions[req.job.job_id] = region
                 runner.attach(req.job, req.layout, region)
                 reply = Reply(True)
             elif req.op == Op.TRIAL:
@@ -123,7 +135,7 @@ def main(argv: list[str] | None = None) -> None:
             elif req.op == Op.FINISH:
                 runner.finish(req.job)
                 region = regions.pop(req.job.job_id, None)
-                if region is not None:
+                if region is not None and region is not kept:
                     region.close()
                 reply = Reply(True)
             elif req.op == Op.HEALTH:

@@ -23,7 +23,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import Iterable, Optional
+from typing import Any, Iterable, Optional
 
 import fibray
 from fibray import deadlines
@@ -245,6 +245,8 @@ class Executor:
     info: dict = field(default_factory=dict)
     arena: Optional[Arena] = None
     """Shared memory the executor writes its replies' tensors into."""
+    region: Optional[Any] = None
+    """The job region it keeps mapped from job to job (fibray.evaluate.memory.KeptRegion); closed when it is retired."""
     drainer: Optional[threading.Thread] = None
     quiesce: Optional[socket.socket] = None
     """The supervisor's end of the executor's side channel: a byte asks it to synchronise its device and ack."""
@@ -611,6 +613,9 @@ def retire(ex: Executor, wait_s: float = deadlines.RETIRE_EXIT_S, tree: Optional
     if ex.arena is not None:
         ex.arena.close()
         ex.arena = None
+    if ex.region is not None:  # the executor is gone: this side's mapping is the last
+        ex.region.close()
+        ex.region = None
     if ex.cgroup is not None:  # whatever it started still runs in its cgroup, wherever it re-parented
         ex.cgroup.kill_all()
         ex.cgroup.remove()
