@@ -1,16 +1,19 @@
-"""What the change made to a timed call's inputs costs, against a random draw per element and
+"""What the change made to a timed call's inputs costs, against the ways it was made before and
 against an rmsnorm of the same input.
 
-    python benchmarks/input_changes.py [--device cuda] [--rows 1 64 1024 8192]
+    python benchmarks/input_changes.py [--device cuda] [--rows 1 64 1024 8192] [--inputs 2 3]
 
 Before each timed call the executor changes its input set (fibray.evaluate.memory.InputChanges:
 one mantissa bit of a random half of every float input flips). That work is in the supervisor's
 window around the timing request and in no sample, so the timing bound has to allow for it; where
-it outweighs the kernel, a lie about the kernel's latency hides behind it. Prints, per input of
-`rows` x 4096 bf16 (and a 4096 weight, as rmsnorm has): InputChanges.apply (a window of a pool of
-random bits: an AND and an XOR), the per-element draw it replaced (`random_`, a multiply, an XOR:
-the baseline, measured here in the same run), and an rmsnorm of the input (the kernel it must not
-outweigh); ratios against the baseline. On a CPU, one thread, as an executor has.
+it outweighs the kernel, a lie about the kernel's latency hides behind it, and on a GPU its launches
+are host time inside each timed call's budget. Prints, per input set of `inputs` tensors in a job
+region (`rows` x 4096 bf16 each, the last a 4096 weight, as rmsnorm and fused_add_rmsnorm have):
+InputChanges now (the set's span of bytes at once: a window of random words ANDed with the flip
+mask, an XOR: three operations a set), the per-input window it replaced (the same two passes input
+by input: the baseline, measured here in the same run), the per-element draw before that (`random_`,
+a multiply, an XOR), and an rmsnorm of the first input (the kernel it must not outweigh); ratios
+against the baseline. On a CPU, one thread, as an executor has.
 """
 
 from __future__ import annotations
@@ -25,7 +28,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from fibray.evaluate.memory import InputChanges  # noqa: E402
+from fibray.evaluate.memory import (  # noqa: E402
+    FLIP_WEIGHT, POOL_SPAN, InputChanges, JobMemory, LocalRegion, args_of, plan_layout,
+)
 
 
 class PerElementDraw:
@@ -45,6 +50,35 @@ class PerElementDraw:
             draw.random_(0, 2, generator=self.gen)
             draw.mul_(flips)
             bits.bitwise_xor_(draw)
+
+
+class PerInputWindow:
+    """The baseline: the change as it was made until 2026-12-05, input by input (a window of a pool
+    of random elements per input shape ANDed with the input's flip mask, an XOR: four operations an
+    input, with the window's slice and view)."""
+
+    def __init__(self, args: list[torch.Tensor]) -> None:
+        self.parts = []
+        for a in args:
+            bits = a.view(torch.int16)
+            flip = 1 << (7 - FLIP_WEIGHT)  # bf16: 7 mantissa bits
+            pool = torch.empty(bits.numel() + POOL_SPAN, dtype=torch.int16, device=a.device).random_()
+            self.parts.append((bits, torch.full_like(bits, flip), pool, torch.empty_like(bits)))
+
+    def apply(self, seed: int) -> None:
+        for bits, flips, pool, scratch in self.parts:
+            at = seed % POOL_SPAN
+            torch.bitwise_and(pool[at:at + bits.numel()].view(bits.shape), flips, out=scratch)
+            bits.bitwise_xor_(scratch)
+
+
+def in_region(args: list[torch.Tensor], device: torch.device) -> tuple[InputChanges, list[torch.Tensor]]:
+    """The set written into a job region as a slot lays it out, its InputChanges, and its tensors there."""
+    layout = plan_layout("local", str(device), [args], [(args[0].dtype, tuple(args[0].shape))], trials=1, dps=True,
+                         timed_buffers=1, snapshots=False)
+    region = LocalRegion(layout.size, device)
+    JobMemory(region, layout).write_inputs(0, args)
+    return InputChanges.of_layout(layout, region)[0], args_of(region, layout.inputs[0])
 
 
 def rmsnorm(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -71,25 +105,28 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--rows", type=int, nargs="+", default=[1, 64, 1024, 8192])
+    ap.add_argument("--inputs", type=int, nargs="+", default=[2, 3], help="tensors in the set (the last a weight)")
     ap.add_argument("--calls", type=int, default=50)
     a = ap.parse_args()
     device = torch.device(a.device)
     if device.type == "cpu":
         torch.set_num_threads(1)
     print(f"device {device} ({torch.cuda.get_device_name(device) if device.type == 'cuda' else 'one thread'}), "
-          f"torch {torch.__version__}, {a.calls} calls a run, median of 5 runs")
-    print(f"{'input':>14} {'per-element draw':>17} {'InputChanges':>13} {'rmsnorm':>9} {'draw / changes':>15} "
-          f"{'changes / rmsnorm':>18}")
-    for rows in a.rows:
-        x = torch.randn(rows, 4096, device=device).to(torch.bfloat16)
-        w = torch.randn(4096, device=device).to(torch.bfloat16)
-        ours = InputChanges([x, w])
-        base = PerElementDraw([x, w])
-        t_base = per_call_us(lambda i: base.apply(1000 + i), device, a.calls)
-        t_ours = per_call_us(lambda i: ours.apply(1000 + i), device, a.calls)
-        t_kernel = per_call_us(lambda i: rmsnorm(x, w), device, a.calls)
-        print(f"{f'{rows} x 4096':>14} {t_base:>14.1f} us {t_ours:>10.1f} us {t_kernel:>6.1f} us "
-              f"{t_base / t_ours:>14.2f}x {t_ours / t_kernel:>17.2f}x")
+          f"torch {torch.__version__}, {a.calls} calls a run, median of 5 runs; baseline: per-input window")
+    print(f"{'set':>20} {'per-element draw':>17} {'per-input (base)':>17} {'InputChanges':>13} {'rmsnorm':>9} "
+          f"{'base / now':>11} {'now / rmsnorm':>14}")
+    for n in a.inputs:
+        for rows in a.rows:
+            args = [torch.randn(rows, 4096, device=device).to(torch.bfloat16) for _ in range(n - 1)]
+            args.append(torch.randn(4096, device=device).to(torch.bfloat16))
+            ours, placed = in_region(args, device)
+            draw, base = PerElementDraw(placed), PerInputWindow(placed)
+            t_draw = per_call_us(lambda i: draw.apply(1000 + i), device, a.calls)
+            t_base = per_call_us(lambda i: base.apply(1000 + i), device, a.calls)
+            t_ours = per_call_us(lambda i: ours.apply(1000 + i), device, a.calls)
+            t_kernel = per_call_us(lambda i: rmsnorm(placed[0], placed[-1]), device, a.calls)
+            print(f"{f'{n - 1} x {rows} x 4096 + w':>20} {t_draw:>14.1f} us {t_base:>14.1f} us {t_ours:>10.1f} us "
+                  f"{t_kernel:>6.1f} us {t_base / t_ours:>10.2f}x {t_ours / t_kernel:>13.2f}x")
 
 
 if __name__ == "__main__":

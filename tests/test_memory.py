@@ -131,17 +131,14 @@ def test_the_change_before_a_timed_call_flips_a_dense_random_half_of_every_float
     special = [0.0, float("nan"), 448.0, -448.0] if dtype == torch.float8_e4m3fn else \
         [0.0, float("inf"), float("-inf"), float("nan")]  # e4m3fn has no infinity; a flip of 448 is NaN
     x[:, :len(special)] = torch.tensor(special).to(dtype)
-    idx = torch.arange(64)
-    twin = [x.clone(), idx.clone()]
-    args = [x, idx, 3.0]
-    ours, theirs = InputChanges(args), InputChanges(twin)
+    ours, theirs, x, twin, idx = _two_copies([x, torch.arange(64), 3.0])
     bits = {1: torch.uint8, 2: torch.int16, 4: torch.int32}[x.element_size()]
     seen = {x.view(bits).numpy().tobytes()}
     before = x.clone()
     for seed in (11, 12, 13):
         ours.apply(seed)
         theirs.apply(seed)
-        assert torch.equal(x.view(bits), twin[0].view(bits))  # the supervisor's copy: same bytes
+        assert torch.equal(x.view(bits), twin.view(bits))  # the supervisor's copy: same bytes
         state = x.view(bits).numpy().tobytes()
         assert state not in seen
         seen.add(state)
@@ -159,11 +156,45 @@ def test_the_change_before_a_timed_call_flips_a_dense_random_half_of_every_float
     assert torch.equal(idx, torch.arange(64))  # structured (integer) inputs are never changed
 
 
+def _two_copies(args: list) -> tuple:
+    """InputChanges on a region holding `args` (as a job's first input set) and on the supervisor's
+    copy of it (inputs_copy): the changes and each side's first tensor, and the region's second one."""
+    from fibray.evaluate.memory import LocalRegion, args_of, inputs_copy
+
+    layout = plan_layout("local", "cpu", [args], [(torch.float32, (1,))], trials=1, dps=True, timed_buffers=1,
+                         snapshots=False)
+    region = LocalRegion(layout.size, torch.device("cpu"))
+    JobMemory(region, layout).write_inputs(0, args)
+    copy = inputs_copy(layout, [args], torch.device("cpu"))
+    ours, theirs = args_of(region, layout.inputs[0]), args_of(copy, layout.inputs[0])
+    return (InputChanges.of_layout(layout, region)[0], InputChanges.of_layout(layout, copy)[0], ours[0], theirs[0],
+            ours[1])
+
+
+def test_a_change_costs_three_operations_a_set_however_many_inputs_it_has():
+    """The change is made to the set's span of bytes at once (an AND of a window of random words with
+    the flip mask, an XOR), not input by input: on a GPU each operation is a launch of host time
+    inside a timed call's budget. Counted with torch's dispatch log: three, for a set of four tensors."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Count(TorchDispatchMode):
+        ops: list = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    ours, *_ = _two_copies([torch.randn(8, 32), torch.randn(32).half(), torch.arange(5), torch.randn(3, 3).bfloat16()])
+    ours.apply(1)  # the first change draws the pool
+    with Count() as count:
+        ours.apply(2)
+    assert count.ops == ["aten.slice.Tensor", "aten.bitwise_and.Tensor_out", "aten.bitwise_xor_.Tensor"], count.ops
+
+
 def test_a_candidate_that_updates_its_last_answer_for_what_changed_must_compute_in_full():
     """Between two uses of a set, the inputs of a matmul differ in most columns of most rows: no
     low-rank update of the previous answer is exact (the attack of offender_incremental_update)."""
-    a, b = torch.randn(32, 256), torch.randn(16, 256)
-    changes = InputChanges([a, b])
+    changes, _, a, _, b = _two_copies([torch.randn(32, 256), torch.randn(16, 256)])
     before_a, before_b = a.clone(), b.clone()
     changes.apply(5)
     assert (a != before_a).any(0).float().mean() > 0.9 and (b != before_b).any(0).float().mean() > 0.9

@@ -357,7 +357,7 @@ class CandidateRunner:
         runnable = bind(self.builds.get(job.solution), job.definition)
         arg_sets = [args_of(region, row) for row in layout.inputs]
         calls = timing.calls
-        changes = InputChanges.of_sets(arg_sets)
+        changes = InputChanges.of_layout(layout, region)
         outs = [outputs_of(region, layout.outputs[k]) for k in layout.timed]
         snaps = [outputs_of(region, layout.outputs[k]) for k in layout.snapshots]
         if runnable.destination_passing_style:

@@ -20,7 +20,7 @@ from fibray.check import CheckResult, Draws, Tolerance, checker_for, judge_calls
 from fibray.check.base import structural
 from fibray.evaluate.memory import (
     TIMED_OUTPUT_BYTES, TIMING_BUDGET_BYTES, TIMING_MAX_SETS, GUARD_BYTES, JobMemory, KeptRegion, LocalRegion, Region,
-    InputChanges, draw_seeds, judged_calls, plan_layout, sample_size,
+    InputChanges, args_of, draw_seeds, inputs_copy, judged_calls, plan_layout, sample_size,
 )
 from fibray.evaluate.inputs import BlobCache, clone_args, job_inputs, torch_dtype
 from fibray.schema.reasons import Reason
@@ -231,8 +231,9 @@ class Judge:
                 return state.timed[key]
             ref = self._reference(job.definition)
             judged = set(judged_calls(called, buffers).values())
-            work = [clone_args(a) for a in sets]
-            changes = InputChanges.of_sets(work)
+            copy = inputs_copy(mem.layout, sets, self.device)
+            work = [args_of(copy, row) for row in mem.layout.inputs]
+            changes = InputChanges.of_layout(mem.layout, copy)
             refs: dict[int, list[torch.Tensor]] = {}
             for i in called:
                 args = work[i % len(work)]
@@ -243,7 +244,7 @@ class Judge:
                     refs[i] = [torch.as_tensor(o).to(self.device, torch_dtype(spec.dtype))
                                for o, spec in zip(out, job.definition.outputs.values())]
             timed = state.timed[key] = _Timed(refs=refs, final=work)
-            state.nbytes += sum(_nbytes(r) for r in refs.values()) + sum(_nbytes(w) for w in work)
+            state.nbytes += sum(_nbytes(r) for r in refs.values()) + copy.size
         return timed
 
     def check_call(self, job: Job, mem: JobMemory, s_index: int, k: int, inputs: list[Any], refs: list[torch.Tensor],

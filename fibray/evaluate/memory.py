@@ -346,6 +346,29 @@ so a flipped value moves by 6-12.5% (25% in fp8 e5m2, whose mantissa is two bits
 tolerance, so an output computed on the previous values is wrong, yet in the same binade and sign."""
 
 
+def set_span(row: list[Arg]) -> Optional[tuple[int, int]]:
+    """Where an input set's tensors lie in the region: (offset, bytes) from its first tensor to the
+    aligned end of its last (placed one after another, each at an _ALIGN boundary: the bytes between
+    them belong to no tensor). None for a set of scalars only."""
+    places = [a.place for a in row if a.place is not None]
+    if not places:
+        return None
+    lo = min(p.off for p in places)
+    return lo, _up(max(p.off + p.nbytes for p in places)) - lo
+
+
+def inputs_copy(layout: "Layout", sets: list[list[Any]], device: torch.device) -> "LocalRegion":
+    """The input sets in memory of this process, laid out as in the job's region (up to the end of
+    the last set): where the supervisor changes them as the timed calls' inputs changed."""
+    spans = [s for s in map(set_span, layout.inputs) if s is not None]
+    copy = LocalRegion(max((lo + n for lo, n in spans), default=0), device)
+    for row, values in zip(layout.inputs, sets):
+        for arg, v in zip(row, values):
+            if arg.place is not None:
+                view(copy, arg.place).copy_(v)
+    return copy
+
+
 class InputChanges:
     """The change made to one input set before each of its timed calls: in every floating-point
     input, one mantissa bit (FLIP_WEIGHT) of a random half of the elements flips (an XOR), the half
@@ -354,26 +377,35 @@ class InputChanges:
     patches its last answer for what changed is wrong or computes in full. Values keep their sign
     and binade, and a set never comes back to a state it held in practice (2**(n/2) states).
     Zeros, infinities, NaNs and values whose flip would leave the finite range (fp8 e4m3's
-    largest) never change; integer inputs never do. Both sides run this same code: the executor on
-    the candidate's region, the supervisor on its own copy.
+    largest) never change; integer inputs never do. Both sides run this same code on a region of
+    the same layout: the executor on the candidate's, the supervisor on its own mapping of it or on
+    a copy of its inputs (Judge._timed).
 
-    The random half is a window of a pool of random bits (per input shape, POOL_SPAN elements longer
-    than the input), drawn once from the first seed applied; each call's seed picks the window's
-    offset. A change is then two passes over the input (an AND, an XOR) rather than a random draw
-    per element: on a CPU a draw cost several times an rmsnorm of the same input, and its time, in the
-    supervisor's window but not in any honest report, was judged a lie (timing_below_observed)."""
+    The change is made to the set's whole span of bytes at once, as 64-bit words: the XOR of a mask
+    (each element's flip bit where it may change, nothing elsewhere) ANDed with a window of a pool
+    of random words (POOL_SPAN words longer than the span, drawn once from the first seed applied;
+    each call's seed picks the window's offset). Three operations a set, however many inputs it has:
+    on a GPU each is a launch of ~5 us of host time, which a timed call's host work (issue 15) carries;
+    two per input cost ~50 us before a 2-input call on an H200 (RESULTS.md). Against a random draw
+    per element: on a CPU a draw cost several times an rmsnorm of the same input, and its time, in
+    the supervisor's window but not in any honest report, was judged a lie (timing_below_observed)."""
 
     @classmethod
-    def of_sets(cls, sets: list[list[Any]]) -> list["InputChanges"]:
-        """One per input set of a timing, sharing one pool and scratch per input shape."""
+    def of_layout(cls, layout: "Layout", region: Region) -> list["InputChanges"]:
+        """One per input set of the region, sharing one pool and scratch per span length."""
         shared: dict[tuple, list] = {}
-        return [cls(a, shared) for a in sets]
+        return [cls(region, row, shared) for row in layout.inputs]
 
-    def __init__(self, args: list[Any], shared: Optional[dict[tuple, list]] = None) -> None:
+    def __init__(self, region: Region, row: list[Arg], shared: Optional[dict[tuple, list]] = None) -> None:
         shared = {} if shared is None else shared
-        self._parts: list[tuple[torch.Tensor, torch.Tensor, list]] = []
-        for a in args:
-            if not isinstance(a, torch.Tensor) or not a.is_floating_point() or not a.numel():
+        span = set_span(row)
+        self._words: Optional[torch.Tensor] = None
+        if span is None:
+            return
+        lo, nbytes = span
+        mask = torch.zeros(nbytes, dtype=torch.uint8, device=region.bytes().device)
+        for arg, a in zip(row, args_of(region, row)):
+            if arg.place is None or not a.is_floating_point() or not a.numel():
                 continue
             bits = a.view(_BITS[a.element_size()])
             mantissa = round(-math.log2(torch.finfo(a.dtype).eps))
@@ -381,22 +413,30 @@ class InputChanges:
             value = a.float()  # fp8 has no isfinite of its own
             flipped = torch.bitwise_xor(bits, flip).view(a.dtype).float()
             keep = (value != 0) & value.isfinite() & flipped.isfinite()
-            key = (bits.dtype, tuple(bits.shape), str(bits.device))
-            if key not in shared:  # [pool (drawn at the first change), scratch]
-                shared[key] = [None, torch.empty_like(bits)]
-            self._parts.append((bits, keep.to(bits.dtype) * flip, shared[key]))
+            p = arg.place
+            mask[p.off - lo:p.off - lo + p.nbytes].view(bits.dtype).view(bits.shape).copy_(keep.to(bits.dtype) * flip)
+        if not mask.any():
+            return
+        self._words = _piece(region, lo, nbytes).view(torch.int64)
+        self._flips = mask.view(torch.int64)
+        key = (self._words.numel(), str(self._words.device))
+        if key not in shared:  # [pool (drawn at the first change), scratch]
+            shared[key] = [None, torch.empty_like(self._words)]
+        self._pool_scratch = shared[key]
 
     def apply(self, seed: int) -> None:
-        for bits, flips, pool_scratch in self._parts:
-            if pool_scratch[0] is None:
-                gen = torch.Generator(device=bits.device)
-                gen.manual_seed(seed ^ _POOL_SALT)
-                pool_scratch[0] = torch.empty(bits.numel() + POOL_SPAN, dtype=bits.dtype, device=bits.device)
-                pool_scratch[0].random_(generator=gen)
-            pool, scratch = pool_scratch
-            at = seed % POOL_SPAN
-            torch.bitwise_and(pool[at:at + bits.numel()].view(bits.shape), flips, out=scratch)
-            bits.bitwise_xor_(scratch)
+        words = self._words
+        if words is None:
+            return
+        pool, scratch = self._pool_scratch
+        if pool is None:
+            gen = torch.Generator(device=words.device)
+            gen.manual_seed(seed ^ _POOL_SALT)
+            pool = self._pool_scratch[0] = torch.empty(words.numel() + POOL_SPAN, dtype=torch.int64, device=words.device)
+            pool.random_(generator=gen)
+        at = seed % POOL_SPAN
+        torch.bitwise_and(pool[at:at + words.numel()], self._flips, out=scratch)
+        words.bitwise_xor_(scratch)
 
 
 POOL_SPAN = 1 << 14
@@ -423,8 +463,7 @@ class SupervisorSteps:
     against the calls (fibray.timing.bound, the steps' check)."""
 
     def __init__(self, layout: Layout, region: Region, seeds: list[int]) -> None:
-        sets = [args_of(region, row) for row in layout.inputs]
-        self.changes, self.n_sets, self.seeds = InputChanges.of_sets(sets), len(sets), list(seeds)
+        self.changes, self.n_sets, self.seeds = InputChanges.of_layout(layout, region), len(layout.inputs), list(seeds)
         self.outs = [outputs_of(region, layout.outputs[k]) for k in layout.timed]
         self.snaps = [outputs_of(region, layout.outputs[k]) for k in layout.snapshots]
 
