@@ -403,10 +403,11 @@ class InputChanges:
         if span is None:
             return
         lo, nbytes = span
-        mask = torch.zeros(nbytes, dtype=torch.uint8, device=region.bytes().device)
+        mask, floats = torch.zeros(nbytes, dtype=torch.uint8, device=region.bytes().device), False
         for arg, a in zip(row, args_of(region, row)):
             if arg.place is None or not a.is_floating_point() or not a.numel():
                 continue
+            floats = True
             bits = a.view(_BITS[a.element_size()])
             mantissa = round(-math.log2(torch.finfo(a.dtype).eps))
             flip = 1 << max(0, mantissa - FLIP_WEIGHT)
@@ -415,7 +416,7 @@ class InputChanges:
             keep = (value != 0) & value.isfinite() & flipped.isfinite()
             p = arg.place
             mask[p.off - lo:p.off - lo + p.nbytes].view(bits.dtype).view(bits.shape).copy_(keep.to(bits.dtype) * flip)
-        if not mask.any():
+        if not floats:  # (not mask.any(): a read back, on a GPU a synchronise, per set)
             return
         self._words = _piece(region, lo, nbytes).view(torch.int64)
         self._flips = mask.view(torch.int64)
