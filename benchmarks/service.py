@@ -13,7 +13,8 @@
 3. Round latency: one candidate x 8 workloads submitted through fibray.client to the warm service,
    submit to last verdict, p50/p95 over --rounds rounds of each kind: the same candidate on a new
    seed each round (never answered from the store; inputs and references made again), and a new
-   candidate each round on the same settings (an agent loop's round).
+   candidate each round on the same settings (an agent loop's round); where a round went: before
+   its first job, the jobs and their largest phases, time with no job running, after its last job.
 4. Load: --clients clients x --candidates candidates (distinct solutions, one workload each) at
    once, one slot killed (SIGKILL) mid-load: answered, lost, duplicated, throughput against a
    plain cold sweep of the same jobs.
@@ -155,18 +156,48 @@ def round_latency(svc: Service, data: Path, args: argparse.Namespace, rounds: in
     out: dict[str, list[float]] = {}
     for kind, make in kinds.items():
         times = out[kind] = []
+        parts: dict[str, float] = {}
         for r in range(rounds):
             candidate, settings = make(r)
-            t0 = time.monotonic()
-            futures = client.submit(candidate, name, workloads=workloads, settings=settings)
-            statuses = {f.result(timeout=600).status.value for f in futures}
+            t0, wall0 = time.monotonic(), time.time()
+            futures = client.submit_jobs(client.jobs(candidate, name, workloads=workloads, settings=settings))
+            results = [f.result(timeout=600) for f in futures]
             times.append(time.monotonic() - t0)
+            statuses = {res.evaluation.status.value for res in results}
             if statuses != {"PASSED"}:
                 print(f"  round {r} ({kind}): statuses {sorted(statuses)}")
+            for k, v in _round_parts(results, wall0, times[-1]).items():
+                parts[k] = parts.get(k, 0.0) + v / rounds
         print(f"round latency ({kind}): {sol.name} x {len(workloads)} workloads of {name} at "
               f"{args.warmup}/{args.iterations}/{args.trials}, {rounds} rounds: p50 {_q(times, 0.5):.3f}s, "
               f"p95 {_q(times, 0.95):.3f}s, min {min(times):.3f}s")
+        print("  where a round went (mean s): " + ", ".join(f"{k} {v:.3f}" for k, v in parts.items()))
     return out
+
+
+def _round_parts(results: list[Any], wall0: float, wall_s: float) -> dict[str, float]:
+    """One round's wall split by its jobs' own clocks (the slot's started_at / finished_at, on this
+    host's wall clock): before the first job got a lane (submission, queue, dispatch), the jobs
+    themselves (summed: lanes overlap them), the time between the first start and the last end with
+    no job running, after the last (recording, the answer's way back); then the jobs' largest phases."""
+    from datetime import datetime
+
+    spans = sorted((datetime.fromisoformat(r.started_at).timestamp(), datetime.fromisoformat(r.finished_at).timestamp())
+                   for r in results)
+    jobs = sum(b - a for a, b in spans)
+    first, last = spans[0][0], max(b for _, b in spans)
+    busy, end = 0.0, first  # the union of the jobs' spans (lanes overlap them)
+    for a, b in spans:
+        busy += max(0.0, b - max(a, end))
+        end = max(end, b)
+    phases: dict[str, float] = {}
+    for r in results:
+        for k, v in r.phases.items():
+            if "." not in k:
+                phases[k] = phases.get(k, 0.0) + v
+    top = dict(sorted(phases.items(), key=lambda kv: -kv[1])[:8])
+    return {"before the first job": first - wall0, "jobs": jobs, "no job running between": last - first - busy,
+            "after the last job": wall0 + wall_s - last, **{f"[{k}]": v for k, v in top.items()}}
 
 
 def _variant(sol: Any, r: int) -> Any:
