@@ -386,7 +386,8 @@ class InputChanges:
     of random words (POOL_SPAN words longer than the span, drawn once from the first seed applied;
     each call's seed picks the window's offset). Three operations a set, however many inputs it has:
     on a GPU each is a launch of ~5 us of host time, which a timed call's host work (issue 15) carries;
-    two per input cost ~50 us before a 2-input call on an H200 (RESULTS.md). Against a random draw
+    two per input (and the window's slice and view) cost 50-75 us before a 2-input call on an H100
+    (RESULTS.md section 26). Against a random draw
     per element: on a CPU a draw cost several times an rmsnorm of the same input, and its time, in
     the supervisor's window but not in any honest report, was judged a lie (timing_below_observed)."""
 
