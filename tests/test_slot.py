@@ -381,6 +381,7 @@ def test_an_executor_keeps_its_job_region_for_its_next_jobs_and_loses_it_when_re
     def noted(self, req, *a, **kw):
         if req.op == "attach":
             attaches.append(req.region)
+            assert req.layout.size == self.kept.region.size  # the executor maps (or holds) the whole region
         return ask(self, req, *a, **kw)
 
     monkeypatch.setattr(remote.RemoteCalls, "_ask", noted)
@@ -410,6 +411,17 @@ def test_an_executor_keeps_its_job_region_for_its_next_jobs_and_loses_it_when_re
         r = slot.evaluate(job, "auto", now_iso())
         assert r.evaluation.status.value == "PASSED", r.evaluation.log[-500:]
     assert attaches[-3:] == ["keep", "kept", "kept"]
+    # a region kept larger than the job that first attaches it (its first job never reached the executor)
+    sol2 = inline_solution("keeps_a_larger_region", _RMSNORM_DPS.replace("KEY", "keeps a larger region"))
+    first2 = slot.evaluate(jobs[0].model_copy(update={"job_id": "kr-l0", "solution": sol2}), "auto", now_iso())
+    assert first2.evaluation.status.value == "PASSED", first2.evaluation.log[-500:]
+    kept = slot.active.region
+    kept.close()
+    kept.lend(made[1].size).close()  # made for a larger job, never attached
+    for i in range(2):
+        r = slot.evaluate(jobs[0].model_copy(update={"job_id": f"kr-l{i + 1}", "solution": sol2}), "auto", now_iso())
+        assert r.evaluation.status.value == "PASSED", r.evaluation.log[-500:]
+    assert attaches[-2:] == ["keep", "kept"] and kept.region.size == made[1].size
     slot._retired()
     with pytest.raises(AssertionError, match="closed"):
         made[1].bytes()  # retired with its executor

@@ -199,6 +199,8 @@ class Judge:
         buffers = min(calls, max(1, TIMED_OUTPUT_BYTES // (out_bytes * (2 if snapshots else 1))))
         layout = plan_layout(self.region_kind, str(self.device), sets, specs, s.trials, dps, buffers, snapshots)
         region = keep.lend(layout.size) if keep is not None else self.regions(layout.size, self.device)
+        if region.size != layout.size:  # a kept region larger than this job needs: the executor maps all of it
+            layout = layout.model_copy(update={"size": region.size})
         mem = JobMemory(region, layout, self.device)
         try:
             for i, values in enumerate(sets):
