@@ -103,6 +103,24 @@ def test_a_stepped_report_holds_the_executors_cpu_between_calls():
     assert "between calls" in e.value.message
 
 
+def test_a_stepped_timing_of_few_calls_is_timed_again_before_its_step_check_is_a_verdict():
+    """With few timed calls, the lower quartile of the readings is one of them, and one late reading (a
+    supervisor that looked late at an executor whose call slept) moves it: such a timing is timed
+    again, and passes once its readings agree with its report; a lie breaks every attempt. Over many
+    calls a broken step check is a verdict at once (test_a_stepped_report_holds_...)."""
+    s = EvalSettings(warmup=0, iterations=1, trials=1)
+    late = Timing([17.5], "wall_clock", observed_ms=[117.4], between_ms=[0.0])
+    with pytest.raises(BoundBroken) as e:
+        check_report(late, 0.02, s, STEPPED, "cpu")
+    assert e.value.reason == "timing_below_observed" and e.value.retry
+    readings = [late, Timing([17.5], "wall_clock", observed_ms=[17.6], between_ms=[0.0])]
+    assert bounded_time(lambda: readings.pop(0), s, STEPPED, "cpu").samples_ms == [17.5] and not readings
+    lies = [Timing([1.0], "wall_clock", observed_ms=[17.6], between_ms=[0.0]) for _ in range(BOUND_ATTEMPTS)]
+    with pytest.raises(BoundBroken) as e:
+        bounded_time(lambda: lies.pop(0), s, STEPPED, "cpu")
+    assert e.value.reason == "timing_below_observed" and not lies
+
+
 def test_a_value_returning_calls_copy_of_its_result_is_allowed_between_calls():
     """A value-returning call's result is copied into the region between calls (0.3 ms for 64 KiB
     here): allowed for such a call, in proportion to its bytes, and not for a DPS call, which has none."""
