@@ -362,10 +362,9 @@ def inputs_copy(layout: "Layout", sets: list[list[Any]], device: torch.device) -
     the last set): where the supervisor changes them as the timed calls' inputs changed."""
     spans = [s for s in map(set_span, layout.inputs) if s is not None]
     copy = LocalRegion(max((lo + n for lo, n in spans), default=0), device)
-    for row, values in zip(layout.inputs, sets):
-        for arg, v in zip(row, values):
-            if arg.place is not None:
-                view(copy, arg.place).copy_(v)
+    written = JobMemory(copy, layout)
+    for i, values in enumerate(sets):
+        written.write_inputs(i, values)
     return copy
 
 

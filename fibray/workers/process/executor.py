@@ -101,7 +101,7 @@ def main(argv: list[str] | None = None) -> None:
                 reply = Reply(True) if err is None else Reply(False, error=str(err), status="COMPILE_ERROR", reason=err.reason)
             elif req.op == Op.ATTACH:
                 if req.region == "kept":
-                    if kept is None or getattr(kept, "size", 0) < req.layout.size:
+                    if kept is None or kept.size < req.layout.size:
                         raise RuntimeError(f"no region of {req.layout.size} bytes is kept in this executor")
                     region = kept
                 else:
