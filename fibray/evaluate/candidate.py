@@ -412,14 +412,16 @@ class CandidateRunner:
         def keep(*args: Any) -> None:
             last[0] = plan.runnable(*args)
 
+        def after_last() -> None:
+            if called:
+                store(called[-1])
+
         try:
             with self.clock("executor_timer"), torch.no_grad():
                 timing = time_calls(plan.runnable if dps else keep, plan.arg_sets, warmup=s.warmup,
                                     iterations=plan.iterations, device=self.device, flush_l2=s.flush_l2,
                                     sync_device=s.sync_device, before_each=before_each,
-                                    adaptive=s.timing == "adaptive", step=step)
-                if called:
-                    store(called[-1])
+                                    adaptive=s.timing == "adaptive", step=step, after_last=after_last)
                 if self.device.type == "cuda":
                     _sync(self.device)
         except _TimedCallFailed as e:

@@ -118,7 +118,7 @@ def timing_of(result: TimeResult, calls: Any) -> Timing:
     time between steps)."""
     return Timing(result.samples_ms, result.mode, result.sync_overhead_ms,
                   observed_ms=getattr(calls, "observed", None), between_ms=getattr(calls, "between", None),
-                  supervisor_s=getattr(calls, "supervisor_s", 0.0))
+                  reply_ms=getattr(calls, "reply_ms", None), supervisor_s=getattr(calls, "supervisor_s", 0.0))
 
 
 class _TimedCallsFailed(Exception):

@@ -66,7 +66,8 @@ do almost nothing (3 us by their report) read 26 us over the calibrated stepping
 of four, under two busy lanes in CI on a two-core virtual machine (waking another process costs
 more there than at the calibration). A broken step check over STEP_RETRY_BELOW calls or more is a
 verdict at once: it is the lower quartile of every call, which no hiccup of the host moves (the
-bound on the whole request is tried again)."""
+bound on the whole request, and the check of the CPU after the calls spread over them, are tried
+again)."""
 STEP_RETRY_BELOW = 8
 """A stepped timing of fewer calls than this is timed again (BOUND_ATTEMPTS) before its broken step
 check is a verdict: its lower quartile is one of a few readings, and one late reading moves it. A
@@ -80,6 +81,11 @@ BETWEEN_SLACK_MS = 0.05
 that count for nothing: under load the steps' own system calls cost more than at the calibration (an
 honest 1 ms call's neighbour, two busy loops on a two-core host, read 39 us over it; the lazy offender
 in CI, 28 us). Work moved between calls is caught from about 0.1 ms a call (with STEP_SLACK_MS)."""
+REPLY_SLACK_MS = 0.15
+"""Milliseconds of the executor's CPU from its end step until its reply is in, beyond the least the
+calibration saw (Overhead.reply_ms), that count for nothing: the reply's own work (the report, its
+pickling, the send) varies by ~0.1 ms on a loaded host. Beyond it the CPU is the calls': a last call's
+hand-over moved past the end step, or work deferred there."""
 STEP_SWITCHES = 2
 """Voluntary context switches a stepped call adds to the executor's main thread (it blocks for the
 supervisor's b"b" and b"g")."""
@@ -136,6 +142,9 @@ class Overhead:
     """What a value-returning call's copy of its result adds to between_ms, ms, on a few bytes..."""
     store_byte_ms: float = 0.0
     """...and per byte of the result beyond them, ms."""
+    reply_ms: Optional[float] = None
+    """On a stepped CPU timing, the least CPU time the executor spent from its end step until its reply
+    was in, ms, over the calibration's timings. None where calls were not stepped."""
 
     def between_allowed_ms(self, returned_bytes: Optional[int]) -> float:
         """The executor's CPU time between two stepped calls that their readings do not count (the
@@ -269,30 +278,44 @@ def check_report(timing: Any, wall_s: float, s: EvalSettings, overhead: Overhead
 
 def _check_steps(timing: Timing, samples: list[float], overhead: Overhead, returned_bytes: Optional[int] = None) -> None:
     """A stepped timing's report against the supervisor's reading around each of its calls, each with
-    the executor's CPU time before it, since the call before, beyond what stepping and a value-returning
-    call's copy of its result take (Overhead.between_allowed_ms): work a candidate moves out of its
-    calls, into code of its process that runs between them, is the calls' work."""
+    the executor's CPU time after it (until the next call, or the end step), beyond what stepping and a
+    value-returning call's copy of its result take (Overhead.between_allowed_ms), and the last with the
+    CPU from the end step to the reply beyond an honest reply's (Overhead.reply_ms): work a candidate
+    moves out of its calls, into code of its process that runs between them or after them, is the
+    calls' work. Then all of that CPU spread over every call: work held back and done at once, after
+    the last call or after any one, is one reading among many, which the lower quartile would pass."""
     observed = timing.observed_ms
     if observed is None or overhead.step_ms is None:
         return
-    if len(observed) != len(samples):
+    n = len(observed)
+    if n != len(samples):
         raise BoundBroken(Reason.BAD_TIMING_REPORT, f"the executor reported {len(samples)} timed calls; the "
-                                                    f"supervisor clocked {len(observed)}")
-    between = timing.between_ms if timing.between_ms is not None and len(timing.between_ms) == len(observed) else None
-    extra = [0.0] * len(observed)
-    if between is not None and overhead.between_ms is not None:
+                                                    f"supervisor clocked {n}")
+    extra = [0.0] * n
+    if timing.between_ms is not None and len(timing.between_ms) == n and overhead.between_ms is not None:
         allowed = overhead.between_allowed_ms(returned_bytes)
-        extra = [max(0.0, b - allowed - BETWEEN_SLACK_MS) for b in between]
-    seen = sorted((max(0.0, v - overhead.step_ms + e), e) for v, e in zip(observed, extra))[len(observed) // 4]
-    seen_ms, moved_ms = seen
+        extra = [max(0.0, b - allowed - BETWEEN_SLACK_MS) for b in timing.between_ms]
+    if timing.reply_ms is not None and overhead.reply_ms is not None:
+        extra[-1] += max(0.0, timing.reply_ms - overhead.reply_ms - REPLY_SLACK_MS)
     median_ms = _median(samples)
-    if median_ms * STEP_FACTOR + STEP_SLACK_MS < seen_ms:
-        moved = f", {moved_ms:.4g} ms of it the executor's CPU between calls beyond their copies" if moved_ms else ""
+    limit_ms = median_ms * STEP_FACTOR + STEP_SLACK_MS
+    calls = [max(0.0, v - overhead.step_ms) for v in observed]
+    seen_ms, moved_ms = sorted((v + e, e) for v, e in zip(calls, extra))[n // 4]
+    held_ms = sum(extra) / n
+    spread_ms = sorted(calls)[n // 4] + held_ms
+    allowance = (f"(less {overhead.step_ms * 1e3:.1f} us of stepping; allowed x{STEP_FACTOR} + "
+                 f"{STEP_SLACK_MS * 1e3:.0f} us)")
+    if limit_ms < seen_ms:
+        moved = f", {moved_ms:.4g} ms of it the executor's CPU after calls beyond their hand-overs" if moved_ms else ""
         raise BoundBroken(Reason.TIMING_BELOW_OBSERVED, (
             f"reported median {median_ms:.4g} ms a call; the supervisor observed at least {seen_ms:.4g} ms around "
-            f"three in four of the {len(observed)} timed calls on its own clock{moved} (less "
-            f"{overhead.step_ms * 1e3:.1f} us of stepping; allowed x{STEP_FACTOR} + {STEP_SLACK_MS * 1e3:.0f} us)"),
-            retry=len(observed) < STEP_RETRY_BELOW)
+            f"three in four of the {n} timed calls on its own clock{moved} {allowance}"),
+            retry=n < STEP_RETRY_BELOW)
+    if limit_ms < spread_ms:
+        raise BoundBroken(Reason.TIMING_BELOW_OBSERVED, (
+            f"reported median {median_ms:.4g} ms a call; the supervisor observed at least {spread_ms:.4g} ms a call "
+            f"over the {n} timed calls on its own clock, {held_ms:.4g} ms of it the executor's CPU after its calls "
+            f"beyond their hand-overs and its reply, spread over them {allowance}"))
 
 
 def host_bound_timing(timing: Timing, wall_s: float, s: EvalSettings, overhead: Overhead, device_type: str,
@@ -415,6 +438,7 @@ def calibrate(side: TimingSide, s: EvalSettings, device_type: str, finish: Calla
     watch = stopwatch or WallStopwatch()
     seen: list[list[tuple[int, Window, float, int]]] = []  # calls, window, median (s), calls stepped
     step_ms: list[float] = []
+    reply_ms: list[float] = []  # the executor's CPU from its end step to its reply, ms
     between: list[list[float]] = []  # per point: the executor's CPU between stepped calls, ms
     cpu = device_type == "cpu"
     points = [(CALIBRATION_ITERATIONS[0], _CALIBRATION_N, 1, True),  # warms up
@@ -438,7 +462,9 @@ def calibrate(side: TimingSide, s: EvalSettings, device_type: str, finish: Calla
             seen[-1].append((_calls_made(job.settings, device_type), window, median_s, len(observed)))
             if observed and len(observed) == len(timing.samples_ms) and size == _CALIBRATION_N and dps:
                 step_ms.append(_median([o - v for o, v in zip(observed, timing.samples_ms)]))
-            between[-1].extend((timing.between_ms or [])[1:])  # the first follows the warm-up
+            between[-1].extend(timing.between_ms or [])
+            if timing.reply_ms is not None:
+                reply_ms.append(timing.reply_ms)
         finish(job)
     counted = [w.switches - STEP_SWITCHES * n for point in seen for _, w, _, n in point if w.switches is not None]
     quiet = max(0, max(counted)) if counted else None  # a window not counted (a slow host) is read on its wall
@@ -453,7 +479,7 @@ def calibrate(side: TimingSide, s: EvalSettings, device_type: str, finish: Calla
     extra = w3 - fixed - c3 * (m3 + per_call)  # the big copy's work between calls, beyond the small one's
     per_byte = max(0.0, extra / (max(1, timed3) * (_copy_bytes(CALIBRATION_BIG_N) - _copy_bytes(_CALIBRATION_N))))
     overhead = Overhead(fixed_s=fixed, per_call_s=per_call, quiet_switches=quiet, per_byte_s=per_byte,
-                        step_ms=_median(step_ms) if step_ms else None)
+                        step_ms=_median(step_ms) if step_ms else None, reply_ms=min(reply_ms) if reply_ms else None)
     small, big, small_returned = [*between[1], *between[2]], between[3], between[4] if cpu else []
     if not (small and big and small_returned):
         return overhead

@@ -10,19 +10,24 @@ b"b"), so what lies between them is the call and two system calls. While the exe
 b"g", the supervisor changes the call's inputs itself (the executor is sent no seeds) and, after
 b"d", takes a DPS call's snapshot; the executor's CPU between calls (a value-returning call's copy
 of its result, and whatever candidate code moves there) is read too, and what exceeds the stepping
-and that copy counts as the calls' (fibray.timing.bound). After the last call the executor waits
-for one more b"b" (StepPipe.end) before it goes on.
+and that copy counts as the calls' (fibray.timing.bound). Each call is held with the executor's CPU
+after it: after the last call the executor waits for one more b"b", makes the last call's hand-over
+(StepPipe.end), writes b"e" and waits for a last b"b", so that the supervisor reads its clocks with the
+executor blocked once its calls and their hand-overs are over; it reads them again once the reply is
+in, and what the executor spent between the two beyond an honest reply counts as the calls' too. A
+timing reply with no b"e" before it is a bad report.
 """
 
 from __future__ import annotations
 
 import os
+from typing import Callable, Optional
 
 _read = os.read
 _write = os.write
 _close = os.close
 
-BOOKKEEP, READY, GO, DONE = b"b", b"r", b"g", b"d"
+BOOKKEEP, READY, GO, DONE, END = b"b", b"r", b"g", b"d", b"e"
 
 
 class StepBroken(Exception):
@@ -53,9 +58,14 @@ class StepPipe:
         """Right after the call."""
         _write(self.wfd, DONE)
 
-    def end(self) -> None:
-        """After the last call: the supervisor reads its clocks after it, with this process blocked
-        here, before its timing's own work after the calls (the copy of the last outputs, the reply)."""
+    def end(self, after_last: Optional[Callable[[], None]] = None) -> None:
+        """After the last call: its hand-over (`after_last`: the copy of its outputs where the supervisor
+        reads them), then the end step, at which the supervisor reads its clocks with this process
+        blocked; what follows (the reply) it reads again when the reply is in."""
+        self._expect(BOOKKEEP)
+        if after_last is not None:
+            after_last()
+        _write(self.wfd, END)
         self._expect(BOOKKEEP)
 
     def close(self) -> None:

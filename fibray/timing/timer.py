@@ -74,7 +74,10 @@ class Timing:
     """The supervisor's own reading around each timed call (a stepped CPU timing: fibray.timing.steps),
     set only by the supervisor; None where it read none."""
     between_ms: Optional[list[float]] = None
-    """With observed_ms: the executor's CPU time between each stepped call and the one before (ms)."""
+    """With observed_ms: the executor's CPU time after each stepped call (its hand-over), until the next
+    call or, after the last, the end step (ms)."""
+    reply_ms: Optional[float] = None
+    """With observed_ms: the executor's CPU time from its end step until its reply was in (ms)."""
     supervisor_s: float = 0.0
     """With observed_ms: seconds the supervisor spent on its own work between steps, the executor blocked
     (its readings, input changes and snapshots): taken out of the window around the request."""
@@ -175,15 +178,20 @@ def time_calls(
     before_each: Callable[[int], None] | None = None,
     adaptive: bool = False,
     step: Any = None,
+    after_last: Callable[[], None] | None = None,
 ) -> Timing:
     """Run fn over rotating argument sets: `warmup` untimed calls, then `iterations` timed
     calls per argument set. `before_each(i)` runs untimed before timed call i; i counts on
     through the device-wide pass (calls_after_warmup says how far). `adaptive` stops early once
     the mean is known well enough (ADAPTIVE_RSE); its mode says so ("...+adaptive"). `step` (a
-    CPU timing only: fibray.timing.steps.StepPipe) lets the supervisor clock every timed call."""
+    CPU timing only: fibray.timing.steps.StepPipe) lets the supervisor clock every timed call.
+    `after_last` runs untimed after the last timed call (its hand-over: the copy of its outputs), before
+    the end step where there are steps."""
     n = len(arg_sets)
     if device.type == "cuda":
         timing = _time_cuda(fn, arg_sets, warmup, iterations * n, device, flush_l2, sync_device, before_each, adaptive)
+        if after_last is not None:
+            after_last()
     else:
         for i in range(warmup):
             fn(*arg_sets[i % n])
@@ -204,7 +212,9 @@ def time_calls(
             if adaptive and _settled(samples):
                 break
         if step is not None:
-            step.end()
+            step.end(after_last)
+        elif after_last is not None:
+            after_last()
         timing = Timing(samples, "wall_clock")
     if adaptive:
         timing.mode += "+adaptive"

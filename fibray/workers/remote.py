@@ -62,7 +62,9 @@ class RemoteCalls:
         self.observed: Optional[list[float]] = None
         """The last timing's reading around each timed call, ms (StepClock.reading_ms)."""
         self.between: Optional[list[float]] = None
-        """The last timing's executor CPU between each timed call and the one before, ms (_Stepper)."""
+        """The last timing's executor CPU after each timed call, until the next or the end step, ms (_Stepper)."""
+        self.reply_ms: Optional[float] = None
+        """The last timing's executor CPU from its end step until its reply was in, ms (_Stepper)."""
         self.supervisor_s = 0.0
         """The last timing's seconds of this side's own work between steps, the executor blocked (_Stepper)."""
         self._mapped: Optional[tuple[Layout, Region]] = None
@@ -192,7 +194,7 @@ class RemoteCalls:
         """The timing request; on a CPU slot that accounts the executor's CPU (step_clock), with this
         side's own reading around every timed call (`observed`, fibray.timing.steps) and of the executor's
         CPU between calls (`between`), the input changes made here (SupervisorSteps: the executor gets no seeds)."""
-        self.observed = self.between = None
+        self.observed = self.between = self.reply_ms = None
         self.supervisor_s = 0.0
         if self.step_clock is None:
             reply = self._timing_request(Request(Op.TIME, job, seeds=seeds))
@@ -203,6 +205,7 @@ class RemoteCalls:
             try:
                 reply = self._timing_request(Request(Op.TIME, job, seeds=[], step=True), fds=stepper.theirs,
                                              during=stepper.run)
+                stepper.reply_read()
             except CandidateCallFailed:
                 if stepper.out_of_order is None:
                     raise
@@ -212,7 +215,11 @@ class RemoteCalls:
                 raise BoundBroken(Reason.BAD_TIMING_REPORT, f"the executor's steps around its timed calls were out of "
                                                             f"order: {stepper.out_of_order}")
             self.observed, self.between, self.supervisor_s = stepper.readings, stepper.between, stepper.own_s
+            self.reply_ms = stepper.reply_ms
         result = self._expect(reply, TimeResult)
+        if self.step_clock is not None and result.failure is None and self.reply_ms is None:
+            raise BoundBroken(Reason.BAD_TIMING_REPORT, "the executor's timing reply came without its end step after "
+                                                        "its last timed call's hand-over")
         left = self._after_call()
         return result if result.failure is not None or left is None else TimeResult(failure=left)
 
@@ -242,23 +249,32 @@ class _Stepper:
         self.readings: list[float] = []
         """Per timed call, ms (StepClock.reading_ms)."""
         self.between: list[float] = []
-        """Per timed call, the executor's CPU (its cgroup's), ms, from the reading after the call before
-        to the one before this call: its copy of a value-returning result, and whatever else runs then
-        (0.0 for the first call, whose start follows the warm-up)."""
+        """Per timed call, the executor's CPU (its cgroup's), ms, from the reading after the call to the
+        one before the next call, or, after the last, to its end step: the call's hand-over (the copy of a
+        value-returning result), and whatever else runs then."""
+        self.ended: Optional[tuple] = None
+        """The reading at the executor's end step (None: it made none)."""
+        self.reply_ms: Optional[float] = None
+        """The executor's CPU from its end step until its reply was in, ms."""
         self.own_s = 0.0
         """Seconds of this side's own work between steps (its clock readings, the input changes, the
         snapshots), the executor blocked all along: not the candidate's, and slow on a loaded host."""
         self.out_of_order: Optional[str] = None
 
     def run(self, deadline: float) -> None:
-        """Step the executor through its timed calls until its reply is on the channel."""
+        """Step the executor through its timed calls and its end step, until its reply is on the channel."""
         self._close_theirs()
         after = None
         while True:
             if not self._say(steps.BOOKKEEP):
                 return
             got = self._next(deadline)
-            if got is None:
+            if got is None:  # its reply, or its end: a call or a hand-over failed (the reply says how)
+                return
+            if got == steps.END and after is not None:
+                self.ended = self.clock.read()
+                self.between.append(StepClock.cpu_ms(after, self.ended))
+                self._say(steps.BOOKKEEP)  # its reply follows; read again once it is in (reply_read)
                 return
             if got != steps.READY:
                 return self._bad(f"{got!r} where {steps.READY!r} was due")
@@ -268,6 +284,8 @@ class _Stepper:
             t0 = time.perf_counter()
             self.work.before(i)
             before = self.clock.read()
+            if after is not None:
+                self.between.append(StepClock.cpu_ms(after, before))
             self.own_s += time.perf_counter() - t0
             if not self._say(steps.GO):
                 return
@@ -277,11 +295,15 @@ class _Stepper:
             if got != steps.DONE:
                 return self._bad(f"{got!r} where {steps.DONE!r} was due")
             t0 = time.perf_counter()
-            self.between.append(StepClock.cpu_ms(after, before) if after is not None else 0.0)
             after = self.clock.read()
             self.readings.append(self.clock.reading_ms(before, after))
             self.work.after(i)
             self.own_s += time.perf_counter() - t0
+
+    def reply_read(self) -> None:
+        """The reply is in: the executor's CPU since its end step (reply_ms)."""
+        if self.ended is not None:
+            self.reply_ms = StepClock.cpu_ms(self.ended, self.clock.read())
 
     def _say(self, byte: bytes) -> bool:
         if self.to_ex is None:
