@@ -404,6 +404,21 @@ def test_work_deferred_past_the_last_call_is_caught_however_many_calls(slot, cal
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("calls", [(1, 1), (5, 2), (30, 2)])
+def test_work_done_after_the_timing_reply_finds_the_executor_stopped(slot, calls):
+    """offender_works_after_its_reply does every timed call's work once its reply is sent, racing the
+    supervisor's checks of the outputs: with its executor running on, it PASSED at 10 and 64 calls, 2-6x
+    under its honest latency. The executor is stopped from its reply until the outputs are read: its
+    timed calls are wrong. It runs again for its next request: the next job on the slot passes."""
+    sol = _candidate("works_after_its_reply")
+    ev = slot.evaluate(_with_calls(_job(sol), sol, *calls), "persistent", now_iso()).evaluation
+    assert (ev.status.value, ev.reason) == ("INCORRECT_NUMERICAL", "wrong_while_timed"), ev.log[-800:]
+    twin = _honest_work_twin()
+    ev = slot.evaluate(_with_calls(_job(twin), twin, *calls), "persistent", now_iso()).evaluation
+    assert ev.status.value == "PASSED", ev.log[-800:]
+
+
+@pytest.mark.slow
 def test_a_timing_that_skips_its_end_step_is_a_bad_timing_report(slot):
     """An executor whose end step is rebound to hand the last call over and say nothing: the supervisor
     never read its clocks once the calls were over, so the report is not one it can hold."""

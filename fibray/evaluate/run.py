@@ -196,6 +196,8 @@ def _protocol(job: Job, judge: Judge, calls, phase: Phases, gpu, state: _Workloa
                 mem.prepare_outputs([layout.scratch, *layout.timed, *layout.snapshots])
                 mem.settle()
             window.enter_context(gpu.hold(phase, "timing", exclusive=True))
+            # a side that stops its executor once a timing's reply is in continues it before the window ends
+            window.callback(getattr(calls, "resume", lambda: None))
             result, attempt = _bounded_time(job, judge, calls, mem, sets, plan, overhead, phase)
         except (SideFault, GpuWorkLeftRunning):
             raise

@@ -74,11 +74,13 @@ def _voluntary_switches(pid: int) -> Optional[int]:
 
 
 def _settled(pid: int, timeout_s: float = SETTLE_S) -> bool:
-    """Wait (spinning on /proc) until the main thread of `pid` sleeps; False if it did not in `timeout_s`."""
+    """Wait (spinning on /proc) until the main thread of `pid` sleeps, or is stopped (the supervisor stops
+    an executor once its timing reply is in: fibray.workers.quiesce.Quiet.hold); False if it did
+    neither in `timeout_s`."""
     end = time.perf_counter() + timeout_s
     while True:
         try:
-            if stat_fields(pid)[0] == b"S":  # the process's state is its main thread's
+            if stat_fields(pid)[0] in (b"S", b"T"):  # the process's state is its main thread's
                 return True
         except (OSError, ValueError, IndexError):
             return False

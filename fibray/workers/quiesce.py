@@ -22,7 +22,7 @@ import socket
 import threading
 import time
 from collections import deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Optional
@@ -116,24 +116,31 @@ class Quiet:
                     pending.pop(side)
         return len(pending)
 
-    @contextmanager
-    def window(self, name: str, executors: Iterable[sandbox.Executor], keep: Optional[sandbox.Executor]) -> Iterator[Window]:
-        """The body runs with every executor in `executors` but `keep` settled and stopped."""
-        others = [e for e in executors if e is not None and e is not keep and e.alive()]
-        w = Window(name, keep.pid if keep is not None else None, time.time())
-        if not self.enabled:
-            others = []
-        t0 = time.monotonic()
-        w.unacked = self._acks(others)
-        w.ack_wait_s = time.monotonic() - t0
+    def hold(self, ex: sandbox.Executor) -> Callable[[], None]:
+        """Stop `ex` now, as a window stops the others (its whole uid where it has one of its own), and
+        return once the kernel shows it stopped; the callable returned continues it (once). While the
+        supervisor reads what a request of `ex` left (a timing's outputs), nothing `ex` does after its
+        reply reaches them, and its CPU clock stands still."""
+        stopped, uids = self._stop([ex] if ex.alive() else [])
+        done: list[bool] = []
+
+        def resume() -> None:
+            if not done:
+                done.append(True)
+                self._continue(stopped, uids)
+
+        return resume
+
+    def _stop(self, executors: list[sandbox.Executor]) -> tuple[list[tuple[sandbox.Executor, list[int]]], list[int]]:
+        """SIGSTOP every process of `executors` and wait until the kernel shows them stopped; what
+        _continue needs. Raises OSError where the uid helper cannot (nothing is left stopped then)."""
         stopped: list[tuple[sandbox.Executor, list[int]]] = []
         signaller = self._signaller if self.by_uid else None
-        uids = [ex.uid.uid for ex in others if ex.uid is not None] if signaller is not None else []
-        t0 = time.monotonic()
+        uids = [ex.uid.uid for ex in executors if ex.uid is not None] if signaller is not None else []
         try:
             if uids:  # each whole uid, however fast its processes fork (OSError: no window that is not alone)
                 signaller.send(uids, signal.SIGSTOP)
-            for ex in others:
+            for ex in executors:
                 pids = []
                 below = () if ex.uid is not None and uids else sandbox.descendants(ex.pid)  # the uid's: stopped above
                 # not a PID namespace's relay (fibray's, root's, running no candidate code): it must stay
@@ -148,30 +155,54 @@ class Quiet:
                 with self._lock:
                     self._stopped_since[ex.pid] = time.monotonic()
                 stopped.append((ex, pids))
-            w.stopped = len(stopped)
             settled = time.monotonic() + deadlines.QUIESCE_ACK_S
             _wait_stopped([p for _, pids in stopped for p in pids], settled)
             if uids:  # the signal lands asynchronously; one look suffices: a process forked after the
                 _wait_stopped(owned_by(set(uids)), settled)  # signal stops before it runs a line
+        except BaseException:
+            self._continue(stopped, uids)
+            raise
+        return stopped, uids
+
+    def _continue(self, stopped: list[tuple[sandbox.Executor, list[int]]], uids: list[int]) -> None:
+        """SIGCONT what _stop stopped, and count how long each executor was stopped."""
+        if uids:
+            try:
+                self._signaller.send(uids, signal.SIGCONT)
+            except OSError:
+                pass  # the executors' listed processes are continued below; the rest are charged to them
+        for ex, pids in stopped:
+            for pid in pids:
+                try:
+                    os.kill(pid, signal.SIGCONT)
+                except (ProcessLookupError, PermissionError):
+                    pass
+            with self._lock:
+                since = self._stopped_since.pop(ex.pid, None)
+                if since is not None:
+                    self._stopped_total[ex.pid] = self._stopped_total.get(ex.pid, 0.0) + time.monotonic() - since
+
+    @contextmanager
+    def window(self, name: str, executors: Iterable[sandbox.Executor], keep: Optional[sandbox.Executor]) -> Iterator[Window]:
+        """The body runs with every executor in `executors` but `keep` settled and stopped."""
+        others = [e for e in executors if e is not None and e is not keep and e.alive()]
+        w = Window(name, keep.pid if keep is not None else None, time.time())
+        if not self.enabled:
+            others = []
+        t0 = time.monotonic()
+        w.unacked = self._acks(others)
+        w.ack_wait_s = time.monotonic() - t0
+        t0 = time.monotonic()
+        stopped: list[tuple[sandbox.Executor, list[int]]] = []
+        uids: list[int] = []
+        try:
+            stopped, uids = self._stop(others)
+            w.stopped = len(stopped)
             w.start, w.stop_s = time.time(), time.monotonic() - t0
             yield w
         finally:
             w.end = time.time()
-            if uids:
-                try:
-                    signaller.send(uids, signal.SIGCONT)
-                except OSError:
-                    pass  # the executors' listed processes are continued below; the rest are charged to them
-            for ex, pids in stopped:
-                for pid in pids:
-                    try:
-                        os.kill(pid, signal.SIGCONT)
-                    except (ProcessLookupError, PermissionError):
-                        pass
-                with self._lock:
-                    since = self._stopped_since.pop(ex.pid, None)
-                    if since is not None:
-                        self._stopped_total[ex.pid] = self._stopped_total.get(ex.pid, 0.0) + time.monotonic() - since
+            self._continue(stopped, uids)
             self.windows.append(w)
 
 

@@ -75,6 +75,8 @@ class RemoteCalls:
         self.executor_pid = ex.executor_pid()
         """The executor's host pid (below its relay in a PID namespace, where ex.pid is the relay's)."""
         self.busy_clock = process_cpu_clock(self.executor_pid)
+        self._held: Optional[Callable[[], None]] = None
+        """What continues the executor, stopped since its last timing reply (time); None: running."""
         """The executor's CPU seconds, all threads (kernel accounting): tells a host-bound timing window
         from a lie on a GPU slot (fibray.timing.bound.HOST_BOUND_SHARE)."""
         self.threads = threads_of(self.executor_pid)
@@ -84,8 +86,15 @@ class RemoteCalls:
         """Processes of the executor's memory cgroup the kernel had ended when the job started: one more
         after a call (a child the candidate started went over the bound, its executor lived on) fails it."""
 
+    def resume(self) -> None:
+        """Continue the executor if a timing's reply left it stopped (time); every request does first."""
+        if self._held is not None:
+            held, self._held = self._held, None
+            held()
+
     def _ask(self, req: Request, deadline: float, phase: str, fds: Optional[list[int]] = None,
              during: Optional[Callable[[float], None]] = None) -> Reply:
+        self.resume()
         try:
             send(self.ex.conn, req)
             if fds:
@@ -198,6 +207,7 @@ class RemoteCalls:
         self.supervisor_s = 0.0
         if self.step_clock is None:
             reply = self._timing_request(Request(Op.TIME, job, seeds=seeds))
+            self._hold()
         else:
             if self._mapped is None:
                 raise RuntimeError("a stepped timing needs the job's region attached first")
@@ -205,6 +215,7 @@ class RemoteCalls:
             try:
                 reply = self._timing_request(Request(Op.TIME, job, seeds=[], step=True), fds=stepper.theirs,
                                              during=stepper.run)
+                self._hold()
                 stepper.reply_read()
             except CandidateCallFailed:
                 if stepper.out_of_order is None:
@@ -222,6 +233,13 @@ class RemoteCalls:
                                                         "its last timed call's hand-over")
         left = self._after_call()
         return result if result.failure is not None or left is None else TimeResult(failure=left)
+
+    def _hold(self) -> None:
+        """Stop the executor once its timing reply is in, until its next request (resume): the supervisor
+        then reads the timed calls' outputs with nothing of the candidate's running (work it does once its
+        reply is sent, racing those reads, waits), and, on a stepped timing, its CPU clock after the reply."""
+        if self.quiet is not None:
+            self._held = self.quiet.hold(self.ex)
 
     def _timing_request(self, req: Request, fds: Optional[list[int]] = None,
                         during: Optional[Callable[[float], None]] = None) -> Reply:
@@ -390,6 +408,7 @@ class CalibrationSide:
         try:
             result = self.calls.time(job, plan.seeds[0])
         finally:
+            self.calls.resume()
             mem.close()
         if result.failure is not None:
             raise RuntimeError(f"the timing calibration kernel failed: {result.failure.reason}: {result.failure.log}")

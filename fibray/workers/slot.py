@@ -688,6 +688,8 @@ class GpuSlot:
         except ExecutorFault as f:
             sandbox.kill_executor(ex)  # hung or broken: down at once, whole tree
             return None, f
+        finally:
+            calls.resume()  # a job judged on its timed calls' outputs ends with its executor stopped
         try:
             with phase("finish"):
                 send(ex.conn, Request(Op.FINISH, job))
