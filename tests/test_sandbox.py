@@ -640,3 +640,18 @@ def test_an_executor_the_kernel_ended_for_going_over_its_memory_bound_says_so():
             hog.kill()
             hog.wait()
         sandbox.retire(ex)
+
+
+def test_a_killed_process_is_ending_as_soon_as_the_kill_returns():
+    """A fork server reports an executor's end some time after it: the slot asks the kernel too, so a job
+    is never sent to an executor that a SIGKILL already ends (tests/test_slot.py's killed active executor)."""
+    proc = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        time.sleep(0.2)
+        assert not sandbox.ending(proc.pid)
+        os.kill(proc.pid, signal.SIGKILL)
+        assert sandbox.ending(proc.pid)  # pending, or a zombie: never running again
+    finally:
+        proc.kill()
+        proc.wait()
+    assert sandbox.ending(proc.pid)

@@ -262,7 +262,9 @@ class Executor:
         return b"".join(self._tail).decode(errors="replace")[-_LOG_TAIL_BYTES:]
 
     def alive(self) -> bool:
-        return self.proc.poll() is None
+        """Not ended, and not ending: the kernel's word (ending), not only whoever collects its exit
+        status (a fork server reports it some time after)."""
+        return self.proc.poll() is None and not ending(self.pid)
 
     def executor_pid(self) -> int:
         """The executor's own pid on the host (below the relay in a PID namespace)."""
@@ -531,6 +533,24 @@ def stat_fields(pid: int) -> list[bytes]:
     with open(f"/proc/{pid}/stat", "rb") as f:
         data = f.read()
     return data[data.rindex(b")") + 2:].split()
+
+
+def ending(pid: int) -> bool:
+    """Whether a process has ended (gone, or a zombie) or is ending: a SIGKILL is pending for it, which
+    kill(2) queues before it returns, and on which the process ends the next time it runs."""
+    try:
+        with open(f"/proc/{pid}/status", "rb") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return True
+    fields = dict(line.split(b":", 1) for line in lines if b":" in line)
+    if fields.get(b"State", b"").strip()[:1] in (b"Z", b"X"):
+        return True
+    kill = 1 << (signal.SIGKILL - 1)
+    try:
+        return any(int(fields.get(key, b"0").strip(), 16) & kill for key in (b"ShdPnd", b"SigPnd"))
+    except ValueError:
+        return False
 
 
 def _stat(pid: int) -> tuple[int, str]:
