@@ -75,10 +75,10 @@ class RemoteCalls:
         self.executor_pid = ex.executor_pid()
         """The executor's host pid (below its relay in a PID namespace, where ex.pid is the relay's)."""
         self.busy_clock = process_cpu_clock(self.executor_pid)
-        self._held: Optional[Callable[[], None]] = None
-        """What continues the executor, stopped since its last timing reply (time); None: running."""
         """The executor's CPU seconds, all threads (kernel accounting): tells a host-bound timing window
         from a lie on a GPU slot (fibray.timing.bound.HOST_BOUND_SHARE)."""
+        self._held: Optional[Callable[[], None]] = None
+        """What continues the executor, stopped since its last timing reply (time); None: running."""
         self.threads = threads_of(self.executor_pid)
         """The executor's threads when the job started, then once its solution is built (from /proc,
         not from the executor): a call that returns leaving another is work left running."""
@@ -201,8 +201,10 @@ class RemoteCalls:
 
     def time(self, job: Job, seeds: list[int]) -> TimeResult:
         """The timing request; on a CPU slot that accounts the executor's CPU (step_clock), with this
-        side's own reading around every timed call (`observed`, fibray.timing.steps) and of the executor's
-        CPU between calls (`between`), the input changes made here (SupervisorSteps: the executor gets no seeds)."""
+        side's own reading around every timed call (`observed`, fibray.timing.steps), of the executor's
+        CPU after each call (`between`) and from its end step to its reply (`reply_ms`), the input changes
+        made here (SupervisorSteps: the executor gets no seeds). The executor is left stopped once its
+        reply is in, until its next request (_hold)."""
         self.observed = self.between = self.reply_ms = None
         self.supervisor_s = 0.0
         if self.step_clock is None:
