@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from fibray.evaluate.memory import (
-    GUARD_BYTES, GUARD_PATTERN, HostRegion, InputChanges, JobMemory, judged_calls, plan_layout, sample_size,
+    GUARD_BYTES, GUARD_PATTERN, HostRegion, InputChanges, JobMemory, TimedSample, judged_calls, plan_layout, sample_size,
 )
 from fibray.schema import Definition, EvalSettings, Job, Solution, Workload
 
@@ -57,6 +57,29 @@ def test_the_layout_keeps_every_tensor_and_guard_apart():
 def test_timed_buffers_rotate_and_the_last_writer_is_judged():
     assert judged_calls(list(range(10)), 4) == {0: 8, 1: 9, 2: 6, 3: 7}
     assert judged_calls([0, 1, 2, 12, 13], 4) == {0: 12, 1: 13, 2: 2}  # an adaptive stop, then the device-wide pass
+
+
+def test_where_calls_outnumber_their_buffers_a_secret_uniform_sample_of_them_is_kept_as_each_is_final():
+    """Only the last call on each buffer is left to judge once the calls outnumber their buffers, and a
+    candidate can tell which calls those are: the supervisor keeps its own copies of a uniform random
+    sample of all the calls, each as its buffer holds it, with the same copy for a call it does not keep."""
+    outs = [[torch.zeros(8)] for _ in range(4)]
+    assert not TimedSample(outs, 4)._slots  # a buffer a call: every call is judged from its own
+    calls, seen = 100, [0] * 100
+    for _ in range(300):
+        sample = TimedSample(outs, calls)
+        copies = []
+        for i in range(calls):
+            outs[i % 4][0].fill_(float(i))  # call i's outputs, final in its buffer
+            sample.take(i)
+            copies.append(sum(int(torch.equal(slot[0], outs[i % 4][0])) for slot in sample._slots))
+        assert len(sample.kept) == sample_size(calls) and all(copies)  # one copy every call, kept or not
+        for i, kept in sample.kept.items():
+            assert torch.equal(kept[0], torch.full((8,), float(i)))  # what call i left, not what overwrote it
+            seen[i] += 1
+    share = sample_size(calls) / calls  # each call is kept with the same chance, early or late
+    assert all(abs(n / 300 - share) < 0.2 for n in seen), seen
+    assert abs(sum(seen[:50]) - sum(seen[50:])) < 0.1 * sum(seen)
 
 
 def test_another_process_sees_the_region_through_its_descriptor(tmp_path):

@@ -419,6 +419,25 @@ def test_work_done_after_the_timing_reply_finds_the_executor_stopped(slot, calls
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("calls", [(10, 2), (30, 2)])
+def test_calls_whose_buffers_are_written_again_are_judged_from_a_secret_sample(slot, monkeypatch, calls):
+    """Timed outputs kept in fewer buffers than calls (here forced by a small TIMED_OUTPUT_BYTES): only the
+    last call on each buffer was judged, and offender_skips_calls_nobody_judges, which reads its plan,
+    did nothing on the others and PASSED at a fraction of its latency. The supervisor's own copies of a
+    secret sample of every call's outputs catch it; an honest candidate, DPS or not, passes."""
+    import fibray.evaluate.judge as judge
+
+    monkeypatch.setattr(judge, "TIMED_OUTPUT_BYTES", 100_000)  # 3-6 buffers of a 4096-wide row (and guards)
+    sol = _candidate("skips_calls_nobody_judges")
+    ev = slot.evaluate(_with_calls(_job(sol), sol, *calls), "persistent", now_iso()).evaluation
+    assert (ev.status.value, ev.reason) == ("INCORRECT_NUMERICAL", "wrong_while_timed"), ev.log[-800:]
+    assert "before a later call wrote its buffer again" in ev.log
+    for honest in (_honest_work_twin(), _honest("rmsnorm_h4096_triton")):
+        ev = slot.evaluate(_with_calls(_job(honest), honest, *calls), "persistent", now_iso()).evaluation
+        assert ev.status.value == "PASSED", (honest.name, ev.log[-800:])
+
+
+@pytest.mark.slow
 def test_a_timing_that_skips_its_end_step_is_a_bad_timing_report(slot):
     """An executor whose end step is rebound to hand the last call over and say nothing: the supervisor
     never read its clocks once the calls were over, so the report is not one it can hold."""

@@ -222,17 +222,20 @@ class Judge:
         return job_inputs(job, trial, self.device, self.blobs)
 
     def _timed(self, job: Job, state: _WorkloadState, mem: JobMemory, sets: list[list[Any]], called: list[int],
-               attempt: int) -> _Timed:
-        """The reference of every judged timed call, computed here on this side's own copy of the
-        input sets changed exactly as the calls made under `attempt`'s seeds must have changed them
-        (cached per workload)."""
+               attempt: int, kept: list[int] = ()) -> _Timed:
+        """The reference of every judged timed call (the last on each buffer, and the `kept` ones),
+        computed here on this side's own copy of the input sets changed exactly as the calls made under
+        `attempt`'s seeds must have changed them. What every job of the same calls shares (the last
+        call on each buffer, the final inputs) is cached per workload; a secret sample's is not."""
         buffers = len(mem.layout.timed)
         key = (len(sets), buffers, tuple(called), attempt)
         with state.lock:
-            if key in state.timed:
-                return state.timed[key]
+            cached = state.timed.get(key)
+            if cached is not None and not kept:
+                return cached
             ref = self._reference(job.definition)
-            judged = set(judged_calls(called, buffers).values())
+            last = set(judged_calls(called, buffers).values())
+            judged = last | set(kept)
             copy = inputs_copy(mem.layout, sets, self.device)
             work = [args_of(copy, row) for row in mem.layout.inputs]
             changes = InputChanges.of_layout(mem.layout, copy)
@@ -245,9 +248,11 @@ class Judge:
                         out = normalize_outputs(ref(*clone_args(args)), job.definition)
                     refs[i] = [torch.as_tensor(o).to(self.device, torch_dtype(spec.dtype))
                                for o, spec in zip(out, job.definition.outputs.values())]
-            timed = state.timed[key] = _Timed(refs=refs, final=work)
-            state.nbytes += sum(_nbytes(r) for r in refs.values()) + copy.size
-        return timed
+            if cached is None:
+                shared = {i: r for i, r in refs.items() if i in last}
+                state.timed[key] = _Timed(refs=shared, final=work)
+                state.nbytes += sum(_nbytes(r) for r in shared.values()) + copy.size
+        return _Timed(refs=refs, final=work)
 
     def check_call(self, job: Job, mem: JobMemory, s_index: int, k: int, inputs: list[Any], refs: list[torch.Tensor],
                    out: TrialOutput) -> CheckResult:
@@ -278,11 +283,13 @@ class Judge:
         return CheckResult()
 
     def check_timed(self, job: Job, state: _WorkloadState, mem: JobMemory, plan: _JobPlan, sets: list[list[Any]],
-                    result: TimeResult, attempt: int = 0) -> CheckResult:
+                    result: TimeResult, attempt: int = 0,
+                    kept: Optional[dict[int, list[torch.Tensor]]] = None) -> CheckResult:
         """After timing attempt `attempt` (its seeds): every input set as the changes of the calls made
         left it, and the outputs of a sample of the timed calls (sample_size of them, drawn now, after
         the calls) against their references, guard bytes and (CPU, DPS) the copy taken as each call
-        returned."""
+        returned; then `kept`, this side's own copies of a secret sample of the calls' outputs taken as
+        they were final (fibray.evaluate.memory.TimedSample: where calls outnumber their buffers)."""
         if result.failure is not None:
             f = result.failure
             return CheckResult(status=Status(f.status), reason=f.reason, message=f"in a timed call: {f.log}")
@@ -291,7 +298,13 @@ class Judge:
             return CheckResult(Status.RUNTIME_ERROR, Reason.BAD_TIMING_REPORT,
                                f"the executor's list of timed calls made is not increasing indices below {plan.calls}")
         layout = mem.layout
-        timed = self._timed(job, state, mem, sets, called, attempt)
+        kept = kept or {}
+        missing = sorted(set(kept) - set(called))
+        if missing:
+            return CheckResult(Status.RUNTIME_ERROR, Reason.BAD_TIMING_REPORT,
+                               f"the executor's list of timed calls made leaves out call {missing[0]}, which the "
+                               f"supervisor stepped")
+        timed = self._timed(job, state, mem, sets, called, attempt, sorted(kept))
         bad = self.unchanged_sets(job, mem, timed.final, "differs from what the changes between timed calls leave")
         if not bad.ok:
             return bad
@@ -321,6 +334,20 @@ class Judge:
                 return CheckResult(one.status, Reason.WRONG_WHILE_TIMED, f"timed call {call} ({one.reason}): {one.message}",
                                    max_abs=one.max_abs, max_rel=one.max_rel)
             verdict.merge(one)
+        overwritten = [c for c in sorted(kept) if judged.get(c % len(layout.timed)) != c]  # the rest were judged above
+        if overwritten:
+            outs, refs = [kept[c] for c in overwritten], [timed.refs[c] for c in overwritten]
+            if wants_draws(checker):
+                verdicts = [next((r for r in map(structural, o, ref, names) if r), None) or CheckResult() for o, ref in zip(outs, refs)]
+            else:
+                verdicts = judge_calls(checker, outs, refs, names, tol)
+            for call, one in zip(overwritten, verdicts):
+                if not one.ok:
+                    return CheckResult(one.status, Reason.WRONG_WHILE_TIMED,
+                                       f"timed call {call} ({one.reason}, its outputs as they were when it returned, "
+                                       f"before a later call wrote its buffer again): {one.message}",
+                                       max_abs=one.max_abs, max_rel=one.max_rel)
+                verdict.merge(one)
         return verdict
 
     def reference_latency(self, job: Job, state: _WorkloadState) -> LatencyStats:

@@ -467,18 +467,73 @@ class SupervisorSteps:
         self.changes, self.n_sets, self.seeds = InputChanges.of_layout(layout, region), len(layout.inputs), list(seeds)
         self.outs = [outputs_of(region, layout.outputs[k]) for k in layout.timed]
         self.snaps = [outputs_of(region, layout.outputs[k]) for k in layout.snapshots]
+        self.dps = layout.dps
+        self.sample = TimedSample(self.outs, len(self.seeds))
+        """A secret sample of the timed calls' outputs, taken as each call's outputs are final (a DPS call's
+        as it returns; a value-returning call's once it is handed over): where the calls outnumber their
+        buffers, the calls whose buffers are written again are judged there."""
+        self._made = 0
 
     def calls(self) -> int:
         return len(self.seeds)
 
     def before(self, i: int) -> None:
         self.changes[i % self.n_sets].apply(self.seeds[i])
+        if not self.dps and i:  # call i - 1 was handed over, into its buffer, before this call
+            self.sample.take(i - 1)
 
     def after(self, i: int) -> None:
+        self._made = i + 1
         if self.snaps:
             b = i % len(self.outs)
             for src, dst in zip(self.outs[b], self.snaps[b]):
                 dst.copy_(src)
+        if self.dps:
+            self.sample.take(i)
+
+    def end(self) -> None:
+        """At the end step: the last call is handed over."""
+        if not self.dps and self._made:
+            self.sample.take(self._made - 1)
+
+
+class TimedSample:
+    """Where a timing's calls outnumber the output buffers kept for them (TIMED_OUTPUT_BYTES), a call's
+    outputs are written over by a later call on the same buffer, and only the last call on each buffer
+    could be judged, which a candidate can work out from its own plan: it could skip every other call.
+    So the supervisor keeps copies of its own of a uniform random sample of the calls (reservoir
+    sampling, drawn from the system's secret source), up to sample_size(calls) of them and as many as
+    fit in TIMED_OUTPUT_BYTES, taken while the executor is blocked. Every call costs the same copy,
+    kept or not (into a scratch), so the executor cannot tell from its waits which calls were kept."""
+
+    def __init__(self, outs: list[list[torch.Tensor]], calls: int) -> None:
+        self.kept: dict[int, list[torch.Tensor]] = {}
+        """Call -> this side's copy of its outputs."""
+        self._slots: list[list[torch.Tensor]] = []
+        self._outs = outs
+        if not outs or calls <= len(outs):
+            return
+        nbytes = sum(t.numel() * t.element_size() for t in outs[0]) or 1
+        size = max(1, min(sample_size(calls), TIMED_OUTPUT_BYTES // nbytes))
+        self._slots = [[torch.empty_like(t) for t in outs[0]] for _ in range(size + 1)]  # the last: scratch
+        self._owner: list[Optional[int]] = [None] * size
+        self._rng = secrets.SystemRandom()
+
+    def take(self, i: int) -> None:
+        """Call i's outputs are final in their buffer: into the sample, or (the same copy) the scratch."""
+        if not self._slots:
+            return
+        size = len(self._owner)
+        slot = i if i < size else self._rng.randrange(i + 1)
+        if slot >= size:
+            slot = size  # the scratch
+        elif self._owner[slot] is not None:
+            self.kept.pop(self._owner[slot], None)
+        for src, dst in zip(self._outs[i % len(self._outs)], self._slots[slot]):
+            dst.copy_(src)
+        if slot < size:
+            self._owner[slot] = i
+            self.kept[i] = self._slots[slot]
 
 
 def _poisoned_fully(p: Place) -> bool:

@@ -65,6 +65,8 @@ class RemoteCalls:
         """The last timing's executor CPU after each timed call, until the next or the end step, ms (_Stepper)."""
         self.reply_ms: Optional[float] = None
         """The last timing's executor CPU from its end step until its reply was in, ms (_Stepper)."""
+        self.sampled: Optional[dict[int, list[torch.Tensor]]] = None
+        """The last timing's secret sample of timed calls' outputs, this side's copies (TimedSample)."""
         self.supervisor_s = 0.0
         """The last timing's seconds of this side's own work between steps, the executor blocked (_Stepper)."""
         self._mapped: Optional[tuple[Layout, Region]] = None
@@ -205,7 +207,7 @@ class RemoteCalls:
         CPU after each call (`between`) and from its end step to its reply (`reply_ms`), the input changes
         made here (SupervisorSteps: the executor gets no seeds). The executor is left stopped once its
         reply is in, until its next request (_hold)."""
-        self.observed = self.between = self.reply_ms = None
+        self.observed = self.between = self.reply_ms = self.sampled = None
         self.supervisor_s = 0.0
         if self.step_clock is None:
             reply = self._timing_request(Request(Op.TIME, job, seeds=seeds))
@@ -228,7 +230,7 @@ class RemoteCalls:
                 raise BoundBroken(Reason.BAD_TIMING_REPORT, f"the executor's steps around its timed calls were out of "
                                                             f"order: {stepper.out_of_order}")
             self.observed, self.between, self.supervisor_s = stepper.readings, stepper.between, stepper.own_s
-            self.reply_ms = stepper.reply_ms
+            self.reply_ms, self.sampled = stepper.reply_ms, stepper.work.sample.kept
         result = self._expect(reply, TimeResult)
         if self.step_clock is not None and result.failure is None and self.reply_ms is None:
             raise BoundBroken(Reason.BAD_TIMING_REPORT, "the executor's timing reply came without its end step after "
@@ -292,8 +294,11 @@ class _Stepper:
             if got is None:  # its reply, or its end: a call or a hand-over failed (the reply says how)
                 return
             if got == steps.END and after is not None:
+                t0 = time.perf_counter()
                 self.ended = self.clock.read()
                 self.between.append(StepClock.cpu_ms(after, self.ended))
+                self.work.end()
+                self.own_s += time.perf_counter() - t0
                 self._say(steps.BOOKKEEP)  # its reply follows; read again once it is in (reply_read)
                 return
             if got != steps.READY:
