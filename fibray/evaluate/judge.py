@@ -88,6 +88,18 @@ def _local(size: int, device: torch.device) -> Region:
     return LocalRegion(size, device)
 
 
+def _timed_verdicts(checker, outs: list[list[torch.Tensor]], refs: list[list[torch.Tensor]], names: list[str],
+                    tol: Tolerance) -> list[CheckResult]:
+    """Timed calls' outputs against their references: random outputs (judged over draws in the trials)
+    by their shape and kind; the rest all at once (a call at a time, the same verdicts:
+    tests/test_check_batch.py)."""
+    if not outs:
+        return []
+    if wants_draws(checker):
+        return [next((r for r in map(structural, o, ref, names) if r), None) or CheckResult() for o, ref in zip(outs, refs)]
+    return judge_calls(checker, outs, refs, names, tol)
+
+
 class Judge:
     """Holds references and decides verdicts; never runs candidate code."""
 
@@ -314,11 +326,7 @@ class Judge:
         sample = sorted(secrets.SystemRandom().sample(sorted(judged), sample_size(len(judged))))
         intact = mem.guards_intact_many([layout.timed[b] for b in sample])
         outs = [mem.outputs(layout.timed[b]) for b in sample]
-        refs = [timed.refs[judged[b]] for b in sample]
-        if wants_draws(checker):  # random outputs: judged over draws in the trials; here their shape and kind
-            verdicts = [next((r for r in map(structural, o, ref, names) if r), None) or CheckResult() for o, ref in zip(outs, refs)]
-        else:  # the whole sample at once (a call at a time, the same verdicts: tests/test_check_batch.py)
-            verdicts = judge_calls(checker, outs, refs, names, tol)
+        verdicts = _timed_verdicts(checker, outs, [timed.refs[judged[b]] for b in sample], names, tol)
         verdict = CheckResult()
         for b, guarded, out, one in zip(sample, intact, outs, verdicts):  # the first call to fail decides
             call = judged[b]
@@ -334,20 +342,15 @@ class Judge:
                 return CheckResult(one.status, Reason.WRONG_WHILE_TIMED, f"timed call {call} ({one.reason}): {one.message}",
                                    max_abs=one.max_abs, max_rel=one.max_rel)
             verdict.merge(one)
-        overwritten = [c for c in sorted(kept) if judged.get(c % len(layout.timed)) != c]  # the rest were judged above
-        if overwritten:
-            outs, refs = [kept[c] for c in overwritten], [timed.refs[c] for c in overwritten]
-            if wants_draws(checker):
-                verdicts = [next((r for r in map(structural, o, ref, names) if r), None) or CheckResult() for o, ref in zip(outs, refs)]
-            else:
-                verdicts = judge_calls(checker, outs, refs, names, tol)
-            for call, one in zip(overwritten, verdicts):
-                if not one.ok:
-                    return CheckResult(one.status, Reason.WRONG_WHILE_TIMED,
-                                       f"timed call {call} ({one.reason}, its outputs as they were when it returned, "
-                                       f"before a later call wrote its buffer again): {one.message}",
-                                       max_abs=one.max_abs, max_rel=one.max_rel)
-                verdict.merge(one)
+        rest = [c for c in sorted(kept) if c not in {judged[b] for b in sample}]  # not judged from its buffer above
+        verdicts = _timed_verdicts(checker, [kept[c] for c in rest], [timed.refs[c] for c in rest], names, tol)
+        for call, one in zip(rest, verdicts):
+            if not one.ok:
+                return CheckResult(one.status, Reason.WRONG_WHILE_TIMED,
+                                   f"timed call {call} ({one.reason}; its outputs as the supervisor copied them when "
+                                   f"they were final, in its secret sample of the timed calls): {one.message}",
+                                   max_abs=one.max_abs, max_rel=one.max_rel)
+            verdict.merge(one)
         return verdict
 
     def reference_latency(self, job: Job, state: _WorkloadState) -> LatencyStats:
