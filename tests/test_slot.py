@@ -365,8 +365,10 @@ def test_an_executor_keeps_its_job_region_for_its_next_jobs_and_loses_it_when_re
     GPU): made once, sent once as a descriptor, named by later jobs; replaced by a larger one when a job
     needs more. Each job still finds its inputs, guards and poison as on a new region (an honest verdict
     every time; a candidate that checks its output buffers hold poison passes job after job). The region
-    is closed with its executor: the next solution's executor gets one of its own."""
+    is closed with its executor: the next solution's executor gets one of its own, made at once as large as
+    the largest its definition needed, so its later, larger workloads need no other."""
     made, real = [], slot.judge.regions
+    monkeypatch.setattr(slot.judge, "_kept_sizes", {})  # what the slot's earlier jobs of this definition needed
 
     def counted(size, device):
         made.append(real(size, device))
@@ -426,6 +428,14 @@ def test_an_executor_keeps_its_job_region_for_its_next_jobs_and_loses_it_when_re
     with pytest.raises(AssertionError, match="closed"):
         made[1].bytes()  # retired with its executor
     assert ex.region is None and slot.active is not ex
+    # the next solution's executor: its first, smallest job gets a region as large as the definition's largest
+    # job needed, and its larger jobs after it fit in that one
+    sol3 = inline_solution("sized_at_once", _RMSNORM_DPS.replace("KEY", "sized at once"))
+    before = len(made)
+    for i, job in enumerate([jobs[0], jobs[1], jobs[2]]):
+        r = slot.evaluate(job.model_copy(update={"job_id": f"kr-s{i}", "solution": sol3}), "auto", now_iso())
+        assert r.evaluation.status.value == "PASSED", r.evaluation.log[-500:]
+    assert len(made) == before + 1 and made[-1].size == made[1].size and attaches[-3:] == ["keep", "kept", "kept"]
 
 
 def test_an_executor_asked_for_a_kept_region_it_does_not_hold_refuses_and_the_job_runs_elsewhere(slot):

@@ -19,7 +19,8 @@ from fibray.evaluate.candidate import TimeResult, TimingPlan, TrialOutput, norma
 from fibray.check import CheckResult, Draws, Tolerance, checker_for, judge_calls, wants_draws
 from fibray.check.base import structural
 from fibray.evaluate.memory import (
-    TIMED_OUTPUT_BYTES, TIMING_BUDGET_BYTES, TIMING_MAX_SETS, GUARD_BYTES, JobMemory, KeptRegion, LocalRegion, Region,
+    KEEP_REGION_BYTES, KEEP_REGION_BYTES_GPU, TIMED_OUTPUT_BYTES, TIMING_BUDGET_BYTES, TIMING_MAX_SETS, GUARD_BYTES,
+    JobMemory, KeptRegion, LocalRegion, Region,
     InputChanges, args_of, draw_seeds, inputs_copy, judged_calls, plan_layout, sample_size,
 )
 from fibray.evaluate.inputs import BlobCache, clone_args, job_inputs, torch_dtype
@@ -117,6 +118,10 @@ class Judge:
         self._lock = threading.Lock()
         self._building: dict[tuple, threading.Lock] = {}
         """One lock per workload being materialised: lanes on the same workload build it once."""
+        self._kept_sizes: dict[str, int] = {}
+        """The largest job region each definition needed here that an executor may keep: an executor's kept region
+        is made that large at once, so its solution's workloads, which come smallest first every other group
+        (fibray.sweep.pool), need no larger one job after job."""
         self.caps: Optional[DeviceCaps] = None
         """The device's measured bandwidth and throughput for the roofline floor (measured on first use; none on a CPU)."""
 
@@ -188,7 +193,8 @@ class Judge:
     # -- the job's memory and what the supervisor verifies in it ----------------------------
     def keeper(self) -> KeptRegion:
         """A region for one executor to keep from job to job (pass it to open)."""
-        return KeptRegion(lambda size: self.regions(size, self.device))
+        return KeptRegion(lambda size: self.regions(size, self.device),
+                          KEEP_REGION_BYTES_GPU if self.device.type == "cuda" else KEEP_REGION_BYTES)
 
     def open(self, job: Job, state: _WorkloadState, keep: Optional[KeptRegion] = None) -> tuple[JobMemory, _JobPlan]:
         """Allocate the job's region (or lend `keep`'s), write every input set into it and poison every output buffer.
@@ -210,7 +216,14 @@ class Judge:
         snapshots = dps and self.device.type == "cpu"
         buffers = min(calls, max(1, TIMED_OUTPUT_BYTES // (out_bytes * (2 if snapshots else 1))))
         layout = plan_layout(self.region_kind, str(self.device), sets, specs, s.trials, dps, buffers, snapshots)
-        region = keep.lend(layout.size) if keep is not None else self.regions(layout.size, self.device)
+        if keep is not None:
+            with self._lock:
+                at_least = self._kept_sizes.get(d.name, 0)
+                if layout.size <= keep.keep_bytes:
+                    self._kept_sizes[d.name] = max(at_least, layout.size)
+            region = keep.lend(layout.size, at_least)
+        else:
+            region = self.regions(layout.size, self.device)
         if region.size != layout.size:  # a kept region larger than this job needs: the executor maps all of it
             layout = layout.model_copy(update={"size": region.size})
         mem = JobMemory(region, layout, self.device)

@@ -245,7 +245,11 @@ class LocalRegion:
 
 
 KEEP_REGION_BYTES = 256 << 20
-"""An executor keeps its job region for its next job when the region is at most this large (KeptRegion)."""
+"""An executor keeps its job region for its next job when the region is at most this large (KeptRegion)..."""
+KEEP_REGION_BYTES_GPU = 4 << 30
+"""...or this large on a GPU, where a job's timed outputs and input sets alone reach 2 GiB (TIMED_OUTPUT_BYTES,
+TIMING_BUDGET_BYTES) and a region made, mapped and closed per job cost ~40 ms of its path on an H100 (section 31
+of benchmarks/RESULTS.md); a slot's GPU holds one such region per lane."""
 
 
 class KeptRegion:
@@ -255,8 +259,9 @@ class KeptRegion:
     Only that executor ever maps it, and it serves one solution and is retired with it
     (fibray.workers.process.sandbox.retire closes this), so nothing of another candidate's job is
     ever in it; every job writes all its inputs and guards and poisons all its outputs, as on a
-    new region. A job that needs more than the region holds gets a larger one (the old one closed);
-    one larger than KEEP_REGION_BYTES is made for its job alone."""
+    new region. A job that needs more than the region holds gets a larger one (the old one closed), at
+    least `at_least` large (the largest its definition needed so far: the later, larger workloads of its
+    solution then fit); one larger than `keep_bytes` is made for its job alone."""
 
     def __init__(self, make: Callable[[int], Region], keep_bytes: int = KEEP_REGION_BYTES) -> None:
         self.make, self.keep_bytes = make, keep_bytes
@@ -265,13 +270,14 @@ class KeptRegion:
         """The executor has mapped `region` (set by whoever attached it there)."""
         self._lent = False
 
-    def lend(self, size: int) -> Region:
-        """A region of at least `size` bytes for one job: the kept one where it can be."""
+    def lend(self, size: int, at_least: int = 0) -> Region:
+        """A region of at least `size` bytes for one job: the kept one where it can be (made at least
+        `at_least` large, within keep_bytes, where one is made)."""
         if size > self.keep_bytes or self._lent:
             return self.make(size)
         if self.region is None or self.region.size < size:
             self.close()
-            self.region = self.make(size)
+            self.region = self.make(max(size, min(at_least, self.keep_bytes)))
         self._lent = True
         return LentRegion(self)
 
