@@ -248,8 +248,8 @@ KEEP_REGION_BYTES = 256 << 20
 """An executor keeps its job region for its next job when the region is at most this large (KeptRegion)..."""
 KEEP_REGION_BYTES_GPU = 4 << 30
 """...or this large on a GPU, where a job's timed outputs and input sets alone reach 2 GiB (TIMED_OUTPUT_BYTES,
-TIMING_BUDGET_BYTES) and a region made, mapped and closed per job cost ~40 ms of its path on an H100 (section 31
-of benchmarks/RESULTS.md); a slot's GPU holds one such region per lane."""
+TIMING_BUDGET_BYTES): a region made, mapped (on both sides) and closed per job cost ~10 ms of its path on an H100
+(benchmarks/RESULTS.md, section 31); a slot's GPU holds one such region per lane."""
 
 
 class KeptRegion:
