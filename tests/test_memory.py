@@ -15,7 +15,8 @@ import pytest
 import torch
 
 from fibray.evaluate.memory import (
-    GUARD_BYTES, GUARD_PATTERN, HostRegion, InputChanges, JobMemory, TimedSample, judged_calls, plan_layout, sample_size,
+    GUARD_BYTES, GUARD_PATTERN, HostRegion, InputChanges, JobMemory, TimedSample, judged_calls, own_buffer_calls,
+    plan_layout, sample_size,
 )
 from fibray.schema import Definition, EvalSettings, Job, Solution, Workload
 
@@ -52,6 +53,27 @@ def test_the_layout_keeps_every_tensor_and_guard_apart():
     assert spans[-1][1] <= layout.size
     assert len(layout.outputs) == 2 + 2 + 4 * 2 and layout.inputs[0][1].value == 2.0
     assert len(set(layout.timed) | set(layout.snapshots) | {layout.recheck, layout.scratch}) == 10
+
+
+def test_where_every_timed_call_needs_buffers_of_its_own_a_job_makes_as_many_calls_as_fit():
+    """Judge.own_buffers (a GPU): iterations go first, input sets only where one call of each would not
+    fit; the trials' sets always stay; none fit at all is None (the calls then share buffers)."""
+    from fibray.timing.timer import calls_after_warmup
+
+    def calls_of(iterations: int, sets: int) -> int:  # both passes, as on a GPU
+        return calls_after_warmup(iterations, sets, torch.device("cuda"), True)
+
+    assert calls_of(10, 16) == 176
+    assert own_buffer_calls(176, 10, 16, 3, calls_of) == (10, 16)  # all fit: nothing changes
+    assert own_buffer_calls(100, 10, 16, 3, calls_of) == (5, 16)  # 5 x 16 + 8 of the device-wide pass
+    assert own_buffer_calls(20, 10, 16, 3, calls_of) == (1, 15)  # 15 + 5: one call of each set that fits
+    assert own_buffer_calls(8, 10, 16, 3, calls_of) == (1, 3)  # the trials' sets once each, and 5
+    assert own_buffer_calls(7, 10, 16, 3, calls_of) is None
+    for fit in range(8, 200):
+        iterations, sets = own_buffer_calls(fit, 10, 16, 3, calls_of)
+        assert calls_of(iterations, sets) <= fit and 3 <= sets <= 16 and 1 <= iterations <= 10
+        assert sets == 16 or calls_of(1, sets + 1) > fit  # no set dropped that could have stayed
+        assert iterations == 10 or calls_of(iterations + 1, sets) > fit
 
 
 def test_timed_buffers_rotate_and_the_last_writer_is_judged():

@@ -425,9 +425,9 @@ def test_calls_whose_buffers_are_written_again_are_judged_from_a_secret_sample(s
     last call on each buffer was judged, and offender_skips_calls_nobody_judges, which reads its plan,
     did nothing on the others and PASSED at a fraction of its latency. The supervisor's own copies of a
     secret sample of every call's outputs catch it; an honest candidate, DPS or not, passes."""
-    import fibray.evaluate.judge as judge
+    import fibray.evaluate.memory as memory
 
-    monkeypatch.setattr(judge, "TIMED_OUTPUT_BYTES", 100_000)  # 3-6 buffers of a 4096-wide row (and guards)
+    monkeypatch.setattr(memory, "TIMED_OUTPUT_BYTES", 100_000)  # 3-6 buffers of a 4096-wide row (and guards)
     sol = _candidate("skips_calls_nobody_judges")
     ev = slot.evaluate(_with_calls(_job(sol), sol, *calls), "persistent", now_iso()).evaluation
     assert (ev.status.value, ev.reason) == ("INCORRECT_NUMERICAL", "wrong_while_timed"), ev.log[-800:]
@@ -435,6 +435,28 @@ def test_calls_whose_buffers_are_written_again_are_judged_from_a_secret_sample(s
     for honest in (_honest_work_twin(), _honest("rmsnorm_h4096_triton")):
         ev = slot.evaluate(_with_calls(_job(honest), honest, *calls), "persistent", now_iso()).evaluation
         assert ev.status.value == "PASSED", (honest.name, ev.log[-800:])
+
+
+@pytest.mark.slow
+def test_where_no_step_copies_a_calls_outputs_every_timed_call_gets_buffers_of_its_own(slot, monkeypatch):
+    """A GPU slot has no steps, so no secret sample of calls whose buffers a later call writes again
+    (TimedSample); there every timed call writes buffers of its own, and a job whose calls would not fit
+    them makes fewer calls (Judge.own_buffers). Shown on a CPU slot with the copies switched off, as on a
+    GPU: with buffers shared, offender_skips_calls_nobody_judges PASSED at next to nothing; with buffers
+    of their own it finds no call to skip and reports the latency of its work."""
+    import fibray.evaluate.memory as memory
+
+    monkeypatch.setattr(memory, "TIMED_OUTPUT_BYTES", 100_000)  # 3-6 buffers of a 4096-wide row (and guards)
+    monkeypatch.setattr(memory.TimedSample, "take", lambda self, *a, **kw: None)  # as on a GPU: no copies
+    sol = _candidate("skips_calls_nobody_judges")
+    job = _with_calls(_job(sol), sol, 30, 2)
+    shared = slot.evaluate(job, "persistent", now_iso()).evaluation
+    assert shared.status.value == "PASSED", shared.log[-800:]  # the attack pays without buffers of their own
+    monkeypatch.setattr(slot.judge, "own_buffers", True)
+    own = slot.evaluate(job.model_copy(update={"job_id": job.job_id + "-own"}), "persistent", now_iso()).evaluation
+    assert own.status.value == "PASSED", own.log[-800:]
+    assert own.performance.n_samples < shared.performance.n_samples  # fewer calls, as many as have buffers
+    assert own.performance.latency_ms > 5 * shared.performance.latency_ms, (own.performance, shared.performance)
 
 
 @pytest.mark.slow

@@ -19,9 +19,10 @@ from fibray.evaluate.candidate import TimeResult, TimingPlan, TrialOutput, norma
 from fibray.check import CheckResult, Draws, Tolerance, checker_for, judge_calls, wants_draws
 from fibray.check.base import structural
 from fibray.evaluate.memory import (
-    KEEP_REGION_BYTES, KEEP_REGION_BYTES_GPU, TIMED_OUTPUT_BYTES, TIMING_BUDGET_BYTES, TIMING_MAX_SETS, GUARD_BYTES,
+    KEEP_REGION_BYTES, KEEP_REGION_BYTES_GPU, TIMED_REFS_CACHE_BYTES, TIMING_BUDGET_BYTES, TIMING_MAX_SETS, GUARD_BYTES,
     JobMemory, KeptRegion, LocalRegion, Region,
-    InputChanges, args_of, draw_seeds, inputs_copy, judged_calls, plan_layout, sample_size,
+    InputChanges, args_of, draw_seeds, inputs_copy, judged_calls, own_buffer_calls, plan_layout, sample_size,
+    timed_output_bytes,
 )
 from fibray.evaluate.inputs import BlobCache, clone_args, job_inputs, torch_dtype
 from fibray.schema.reasons import Reason
@@ -40,8 +41,8 @@ Status = EvaluationStatus
 
 @dataclass
 class _Timed:
-    """What a workload's timed calls made must have produced: the reference outputs of every call
-    whose outputs the supervisor can judge, and every input set as it must be after the last call."""
+    """What a workload's timed calls made must have produced: the reference outputs of the calls the
+    supervisor judges, and every input set as it must be after the last call."""
 
     refs: dict[int, list[torch.Tensor]]
     final: list[list[Any]]
@@ -118,6 +119,10 @@ class Judge:
         self._lock = threading.Lock()
         self._building: dict[tuple, threading.Lock] = {}
         """One lock per workload being materialised: lanes on the same workload build it once."""
+        self.own_buffers = device.type == "cuda"
+        """Every timed call writes output buffers of its own (fewer calls where they would not fit:
+        own_buffer_calls); False: calls beyond TIMED_OUTPUT_BYTES share them, judged where each is final
+        by a supervisor that steps every call (a CPU slot's TimedSample). A GPU slot has no such steps."""
         self._kept_sizes: dict[str, int] = {}
         """The largest job region each definition needed here that an executor may keep: an executor's kept region
         is made that large at once, so its solution's workloads, which come smallest first every other group
@@ -199,7 +204,8 @@ class Judge:
     def open(self, job: Job, state: _WorkloadState, keep: Optional[KeptRegion] = None) -> tuple[JobMemory, _JobPlan]:
         """Allocate the job's region (or lend `keep`'s), write every input set into it and poison every output buffer.
         Timing uses the trials' sets and further ones (at most TIMING_MAX_SETS, TIMING_BUDGET_BYTES);
-        each timed call writes its own output buffers while they fit in TIMED_OUTPUT_BYTES."""
+        each timed call writes its own output buffers while they fit in timed_output_bytes (own_buffers: fewer
+        calls where they would not)."""
         s, d = job.settings, job.definition
         trials = state.inputs[: s.trials]
         per_set = _nbytes(trials[0]) or 1
@@ -214,7 +220,15 @@ class Judge:
         out_bytes = sum(math.prod(shape) * torch.empty((), dtype=dt).element_size() + 2 * GUARD_BYTES for dt, shape in specs)
         dps = job.solution.spec.destination_passing_style
         snapshots = dps and self.device.type == "cpu"
-        buffers = min(calls, max(1, TIMED_OUTPUT_BYTES // (out_bytes * (2 if snapshots else 1))))
+        fit = max(1, timed_output_bytes(self.device) // (out_bytes * (2 if snapshots else 1)))
+        if self.own_buffers and fit < calls:  # fewer calls, each with buffers of its own
+            fitted = own_buffer_calls(fit, iterations, len(sets), s.trials,
+                                      lambda i, n: calls_after_warmup(i, n, self.device, s.sync_device))
+            if fitted is not None:
+                iterations, n_sets = fitted
+                sets = sets[:n_sets]
+                calls = calls_after_warmup(iterations, n_sets, self.device, s.sync_device)
+        buffers = min(calls, fit)
         layout = plan_layout(self.region_kind, str(self.device), sets, specs, s.trials, dps, buffers, snapshots)
         if keep is not None:
             with self._lock:
@@ -247,37 +261,41 @@ class Judge:
         return job_inputs(job, trial, self.device, self.blobs)
 
     def _timed(self, job: Job, state: _WorkloadState, mem: JobMemory, sets: list[list[Any]], called: list[int],
-               attempt: int, kept: list[int] = ()) -> _Timed:
-        """The reference of every judged timed call (the last on each buffer, and the `kept` ones),
-        computed here on this side's own copy of the input sets changed exactly as the calls made under
-        `attempt`'s seeds must have changed them. What every job of the same calls shares (the last
-        call on each buffer, the final inputs) is cached per workload; a secret sample's is not."""
-        buffers = len(mem.layout.timed)
-        key = (len(sets), buffers, tuple(called), attempt)
+               attempt: int, want: set[int]) -> _Timed:
+        """The reference of every timed call in `want` (the judged sample, and the kept ones), computed here
+        on this side's own copy of the input sets changed exactly as the calls made under `attempt`'s seeds
+        must have changed them, and the input sets as the last call left them. What jobs of the same calls
+        share is kept per workload: the final sets, and references while they fit TIMED_REFS_CACHE_BYTES."""
+        key = (len(sets), len(mem.layout.timed), tuple(called), attempt)
         with state.lock:
             cached = state.timed.get(key)
-            if cached is not None and not kept:
-                return cached
+            if cached is not None and want <= cached.refs.keys():
+                return _Timed(refs={i: cached.refs[i] for i in want}, final=cached.final)
+            missing = want - (cached.refs.keys() if cached is not None else set())
             ref = self._reference(job.definition)
-            last = set(judged_calls(called, buffers).values())
-            judged = last | set(kept)
             copy = inputs_copy(mem.layout, sets, self.device)
             work = [args_of(copy, row) for row in mem.layout.inputs]
             changes = InputChanges.of_layout(mem.layout, copy)
             refs: dict[int, list[torch.Tensor]] = {}
             for i in called:
+                if cached is not None and not missing - refs.keys():
+                    break  # the final sets are cached already: a replay stops at its last reference
                 args = work[i % len(work)]
                 changes[i % len(work)].apply(state.seeds[attempt][i])
-                if i in judged:
+                if i in missing:
                     with torch.no_grad():
                         out = normalize_outputs(ref(*clone_args(args)), job.definition)
                     refs[i] = [torch.as_tensor(o).to(self.device, torch_dtype(spec.dtype))
                                for o, spec in zip(out, job.definition.outputs.values())]
             if cached is None:
-                shared = {i: r for i, r in refs.items() if i in last}
-                state.timed[key] = _Timed(refs=shared, final=work)
-                state.nbytes += sum(_nbytes(r) for r in shared.values()) + copy.size
-        return _Timed(refs=refs, final=work)
+                cached = state.timed[key] = _Timed(refs={}, final=work)
+                state.nbytes += copy.size
+            held = sum(_nbytes(r) for r in cached.refs.values())
+            for i, r in refs.items():  # kept for the next job's sample while they fit
+                if held + _nbytes(r) <= TIMED_REFS_CACHE_BYTES:
+                    cached.refs[i], held = r, held + _nbytes(r)
+                    state.nbytes += _nbytes(r)
+            return _Timed(refs={i: refs[i] if i in refs else cached.refs[i] for i in want}, final=cached.final)
 
     def check_call(self, job: Job, mem: JobMemory, s_index: int, k: int, inputs: list[Any], refs: list[torch.Tensor],
                    out: TrialOutput) -> CheckResult:
@@ -329,14 +347,14 @@ class Judge:
             return CheckResult(Status.RUNTIME_ERROR, Reason.BAD_TIMING_REPORT,
                                f"the executor's list of timed calls made leaves out call {missing[0]}, which the "
                                f"supervisor stepped")
-        timed = self._timed(job, state, mem, sets, called, attempt, sorted(kept))
+        judged = judged_calls(called, len(layout.timed))
+        sample = sorted(secrets.SystemRandom().sample(sorted(judged), sample_size(len(judged))))
+        timed = self._timed(job, state, mem, sets, called, attempt, {judged[b] for b in sample} | set(kept))
         bad = self.unchanged_sets(job, mem, timed.final, "differs from what the changes between timed calls leave")
         if not bad.ok:
             return bad
         tol, kind = self.tolerance(job)
         checker, names = checker_for(kind), list(job.definition.outputs)
-        judged = judged_calls(called, len(layout.timed))
-        sample = sorted(secrets.SystemRandom().sample(sorted(judged), sample_size(len(judged))))
         intact = mem.guards_intact_many([layout.timed[b] for b in sample])
         outs = [mem.outputs(layout.timed[b]) for b in sample]
         verdicts = _timed_verdicts(checker, outs, [timed.refs[judged[b]] for b in sample], names, tol)

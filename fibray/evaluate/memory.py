@@ -28,7 +28,17 @@ TIMING_BUDGET_BYTES = 1 << 30
 TIMING_MAX_SETS = 16
 """...and this many sets; revisited sets are changed (InputChanges: dense, never repeating) before each timed call."""
 TIMED_OUTPUT_BYTES = 1 << 30
-"""Output buffers of timed calls: each timed call writes its own buffers while they fit in this."""
+"""Output buffers of timed calls: each timed call writes its own buffers while they fit in this (on a
+CPU slot, whose supervisor steps every call, later calls share them: fibray.evaluate.memory.TimedSample)."""
+TIMED_OUTPUT_BYTES_GPU = 16 << 30
+"""On a GPU, where no step lets the supervisor copy a call's outputs as they are final, every timed call
+writes buffers of its own, within this many bytes and TIMED_OUTPUT_SHARE_GPU of the device's memory; a
+job whose calls would not fit makes fewer (own_buffer_calls), so that no timed call's outputs are
+overwritten unjudged (a candidate that reads its plan skips those: tests/candidates_gpu)."""
+TIMED_OUTPUT_SHARE_GPU = 8
+"""At most 1/this of the device's memory for one job's timed output buffers."""
+TIMED_REFS_CACHE_BYTES = 1 << 30
+"""References of judged timed calls kept per workload for the next job's sample (beyond: computed per job)."""
 WRONG_ONE_IN = 8
 """A kernel wrong on one timed call in this many..."""
 MISS_PROBABILITY = 1e-3
@@ -153,6 +163,28 @@ def plan_layout(kind: str, device: str, input_sets: list[list[Any]], out_specs: 
     snaps = list(range(trials + 2 + timed_buffers, n_sets)) if snapshots else []
     return Layout(size=max(off, mmap.PAGESIZE), kind=kind, device=device, inputs=inputs, outputs=outputs, trials=trials,
                   dps=dps, recheck=trials, scratch=trials + 1, timed=timed, snapshots=snaps)
+
+
+def timed_output_bytes(device: torch.device) -> int:
+    """Bytes one job's timed output buffers may take on `device` (TIMED_OUTPUT_BYTES, _GPU)."""
+    if device.type != "cuda":
+        return TIMED_OUTPUT_BYTES
+    total = torch.cuda.get_device_properties(device).total_memory
+    return min(TIMED_OUTPUT_BYTES_GPU, total // TIMED_OUTPUT_SHARE_GPU)
+
+
+def own_buffer_calls(fit: int, iterations: int, n_sets: int, min_sets: int,
+                     calls_of: Callable[[int, int], int]) -> Optional[tuple[int, int]]:
+    """The (iterations, input sets) at most as many as asked, most iterations first, whose timed calls
+    (calls_of(iterations, sets), both passes) each get output buffers of their own among `fit`; None
+    where even `min_sets` sets (the trials') called once each would not fit."""
+    if calls_of(1, min_sets) > fit:
+        return None
+    while n_sets > min_sets and calls_of(1, n_sets) > fit:
+        n_sets -= 1
+    while iterations > 1 and calls_of(iterations, n_sets) > fit:
+        iterations -= 1
+    return iterations, n_sets
 
 
 def judged_calls(called: list[int], buffers: int) -> dict[int, int]:
