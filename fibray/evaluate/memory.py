@@ -32,9 +32,10 @@ TIMED_OUTPUT_BYTES = 1 << 30
 CPU slot, whose supervisor steps every call, later calls share them: fibray.evaluate.memory.TimedSample)."""
 TIMED_OUTPUT_BYTES_GPU = 16 << 30
 """On a GPU, where no step lets the supervisor copy a call's outputs as they are final, every timed call
-writes buffers of its own, within this many bytes and TIMED_OUTPUT_SHARE_GPU of the device's memory; a
-job whose calls would not fit makes fewer (own_buffer_calls), so that no timed call's outputs are
-overwritten unjudged (a candidate that reads its plan skips those: tests/candidates_gpu)."""
+writes buffers of its own, within this many bytes, 1/TIMED_OUTPUT_SHARE_GPU of the device's memory and a
+quarter of what is free (timed_output_bytes); a job whose calls would not fit makes fewer (own_buffer_calls),
+so that no timed call's outputs are overwritten unjudged (a candidate that reads its plan skips those:
+tests/candidates_gpu)."""
 TIMED_OUTPUT_SHARE_GPU = 8
 """At most 1/this of the device's memory for one job's timed output buffers."""
 TIMED_REFS_CACHE_BYTES = 1 << 30
@@ -166,11 +167,12 @@ def plan_layout(kind: str, device: str, input_sets: list[list[Any]], out_specs: 
 
 
 def timed_output_bytes(device: torch.device) -> int:
-    """Bytes one job's timed output buffers may take on `device` (TIMED_OUTPUT_BYTES, _GPU)."""
+    """Bytes one job's timed output buffers may take on `device` (TIMED_OUTPUT_BYTES, _GPU): on a GPU also at
+    most a quarter of its memory free now (another process's, a candidate's), but never less than 1 GiB."""
     if device.type != "cuda":
         return TIMED_OUTPUT_BYTES
-    total = torch.cuda.get_device_properties(device).total_memory
-    return min(TIMED_OUTPUT_BYTES_GPU, total // TIMED_OUTPUT_SHARE_GPU)
+    free, total = torch.cuda.mem_get_info(device)
+    return max(TIMED_OUTPUT_BYTES, min(TIMED_OUTPUT_BYTES_GPU, total // TIMED_OUTPUT_SHARE_GPU, free // 4))
 
 
 def own_buffer_calls(fit: int, iterations: int, n_sets: int, min_sets: int,
