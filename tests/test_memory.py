@@ -16,7 +16,7 @@ import torch
 
 from fibray.evaluate.memory import (
     GUARD_BYTES, GUARD_PATTERN, HostRegion, InputChanges, JobMemory, TimedSample, judged_calls, own_buffer_calls,
-    plan_layout, sample_size,
+    plan_layout, sample_size, timed_output_bytes,
 )
 from fibray.schema import Definition, EvalSettings, Job, Solution, Workload
 
@@ -74,6 +74,17 @@ def test_where_every_timed_call_needs_buffers_of_its_own_a_job_makes_as_many_cal
         assert calls_of(iterations, sets) <= fit and 3 <= sets <= 16 and 1 <= iterations <= 10
         assert sets == 16 or calls_of(1, sets + 1) > fit  # no set dropped that could have stayed
         assert iterations == 10 or calls_of(iterations + 1, sets) > fit
+
+
+def test_a_gpus_timed_buffers_take_an_eighth_of_its_memory_a_quarter_of_what_is_free_and_at_least_1_gib(monkeypatch):
+    """The budget's arithmetic, with the device's answer to "how much is free" given (no GPU here; the
+    figures of an H100 and an H200 run in benchmarks/RESULTS.md, section 31)."""
+    gib = 1 << 30
+    assert timed_output_bytes(torch.device("cpu")) == gib
+    for (free, total), want in [((79 * gib, 80 * gib), 10 * gib), ((139 * gib, 141 * gib), 16 * gib),
+                                ((20 * gib, 80 * gib), 5 * gib), ((2 * gib, 80 * gib), gib)]:
+        monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None, _f=free, _t=total: (_f, _t))
+        assert timed_output_bytes(torch.device("cuda", 0)) == want, (free, total)
 
 
 def test_timed_buffers_rotate_and_the_last_writer_is_judged():
