@@ -501,8 +501,9 @@ def test_a_standby_readied_for_the_next_solution_takes_the_lane_when_its_job_com
     s._give_back(taken)
     result = s.evaluate(job, "auto", now_iso())
     assert result.evaluation.status.value == "PASSED", result.evaluation.log[-300:]
-    # the breakdown's parts: the executor's own call and timer, the window's quiescing, the reference's
-    assert {"trials.executor_call", "timing.executor_timer", "timing.quiesce"} <= set(result.phases), result.phases
+    # the breakdown's parts: the executor's own call, timer and preparation of the timing, the window's quiescing
+    assert {"trials.executor_call", "timing.executor_timer", "timing.quiesce", "timing_prep.executor_changes",
+            "timing_prep.executor_views"} <= set(result.phases), result.phases
     assert s.active.pid == warm.ex.pid != served  # the readied executor took the lane; the torch one was retired
     assert s.counters["prewarmed"] == before["prewarmed"] + 1
     assert s.counters["solution_changes"] == before["solution_changes"] + 1

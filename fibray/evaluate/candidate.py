@@ -355,17 +355,20 @@ class CandidateRunner:
         with its GPU work done: none of it may still run when another lane's timing starts."""
         layout, region = self._regions[job.job_id]
         runnable = bind(self.builds.get(job.solution), job.definition)
-        arg_sets = [args_of(region, row) for row in layout.inputs]
         calls = timing.calls
-        changes = InputChanges.of_layout(layout, region)
-        outs = [outputs_of(region, layout.outputs[k]) for k in layout.timed]
-        snaps = [outputs_of(region, layout.outputs[k]) for k in layout.snapshots]
-        if runnable.destination_passing_style:
-            scratch = outputs_of(region, layout.outputs[layout.scratch])
-            arg_sets = [[*a, *scratch] for a in arg_sets]
+        with self.clock("executor_changes"):  # its share of the timing's preparation, by part
+            changes = InputChanges.of_layout(layout, region)
+        with self.clock("executor_views"):
+            arg_sets = [args_of(region, row) for row in layout.inputs]
+            outs = [outputs_of(region, layout.outputs[k]) for k in layout.timed]
+            snaps = [outputs_of(region, layout.outputs[k]) for k in layout.snapshots]
+            if runnable.destination_passing_style:
+                scratch = outputs_of(region, layout.outputs[layout.scratch])
+                arg_sets = [[*a, *scratch] for a in arg_sets]
         self._plans[job.job_id] = _Plan(runnable, arg_sets, timing.iterations, calls, changes, [], outs, snaps)
         if self.device.type == "cuda":
-            _sync(self.device)
+            with self.clock("executor_sync"):
+                _sync(self.device)
 
     def time(self, job: Job, seeds: list[int], step: Any = None) -> TimeResult:
         """Time the candidate: before timed call i (untimed) its input set changes (InputChanges, from
