@@ -21,7 +21,7 @@ import pstats
 import sys
 import threading
 import time
-from collections import Counter, OrderedDict, defaultdict, deque
+from collections import Counter, defaultdict
 from itertools import islice
 from pathlib import Path
 
@@ -35,6 +35,7 @@ def main() -> int:
     from fibray.sweep.__main__ import compose_config
     from fibray.sweep.config import validate_config
     from fibray.sweep.driver import load_sweep_dataset, make_jobs, pool_options
+    from fibray.sweep.pool import job_groups
     from fibray.workers.slot import GpuSlot
     from fibray.workers.spec import PREWARM_AHEAD, distinct_shapes
 
@@ -53,14 +54,7 @@ def main() -> int:
     cfg = validate_config(raw)
     ds = load_sweep_dataset(cfg)
     jobs = make_jobs(ds, cfg)
-    groups: OrderedDict[tuple, deque] = OrderedDict()
-    for job in jobs:
-        groups.setdefault((job.definition.name, job.solution.hash), deque()).append(job)
-    seen: Counter[str] = Counter()
-    for key, queue in groups.items():  # as the pool: every other group of a definition in reverse
-        if seen[key[0]] % 2:
-            queue.reverse()
-        seen[key[0]] += 1
+    groups = job_groups(jobs)
 
     opts = pool_options(cfg, 1, os.cpu_count() or 1, None)
     t0 = time.perf_counter()

@@ -290,11 +290,11 @@ class Judge:
             if cached is None:
                 cached = state.timed[key] = _Timed(refs={}, final=work)
                 state.nbytes += copy.size
-            held = sum(_nbytes(r) for r in cached.refs.values())
+            held = sum(map(_nbytes, cached.refs.values()))
             for i, r in refs.items():  # kept for the next job's sample while they fit
-                if held + _nbytes(r) <= TIMED_REFS_CACHE_BYTES:
-                    cached.refs[i], held = r, held + _nbytes(r)
-                    state.nbytes += _nbytes(r)
+                size = _nbytes(r)
+                if held + size <= TIMED_REFS_CACHE_BYTES:
+                    cached.refs[i], held, state.nbytes = r, held + size, state.nbytes + size
             return _Timed(refs={i: refs[i] if i in refs else cached.refs[i] for i in want}, final=cached.final)
 
     def check_call(self, job: Job, mem: JobMemory, s_index: int, k: int, inputs: list[Any], refs: list[torch.Tensor],

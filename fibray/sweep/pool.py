@@ -57,6 +57,25 @@ def start_error(e: BaseException) -> str:
     return (text.strip().splitlines() or [type(e).__name__])[0]
 
 
+def job_groups(jobs: Iterable[Job], group_of: Callable[[Job], Any] = lambda j: (j.definition.name, j.solution.hash)
+               ) -> OrderedDict[Any, deque[Job]]:
+    """The jobs as a pool runs them: grouped by solution, since an executor serves one solution and is then
+    retired, so a slot that moves to another solution pays a fresh executor (grouped by workload, nearly
+    every job did: 61 of 63 on the smoke sweep). Every other group of a definition runs its workloads in
+    reverse, so the slot's cache of inputs and reference outputs (least recently used first out) still
+    holds the workloads it ends on."""
+    groups: OrderedDict[Any, deque[Job]] = OrderedDict()
+    for job in jobs:
+        groups.setdefault(group_of(job), deque()).append(job)
+    seen: Counter[str] = Counter()
+    for queue in groups.values():
+        definition = queue[0].definition.name
+        if seen[definition] % 2:
+            queue.reverse()
+        seen[definition] += 1
+    return groups
+
+
 @dataclass
 class PoolOptions:
     """How many slots, and how they treat candidates (the runner config, as the pool reads it)."""
@@ -201,20 +220,8 @@ class WorkerPool:
     # -- scheduling ------------------------------------------------------------------------
     def run(self, jobs: Iterable[Job], on_result: Callable[[Job, JobResult], None],
             group_of: Callable[[Job], Any] = lambda j: (j.definition.name, j.solution.hash)) -> None:
-        """Run every job to a result; returns when all are recorded. Jobs are grouped by solution: an
-        executor serves one solution and is then retired, so a slot that moves to another solution pays a
-        fresh executor (grouped by workload, nearly every job did: 61 of 63 on the smoke sweep). Every
-        other group of a definition runs its workloads in reverse, so the slot's cache of inputs and
-        reference outputs (least recently used first out) still holds the workloads it ends on."""
-        groups: OrderedDict[Any, deque[Job]] = OrderedDict()
-        for job in jobs:
-            groups.setdefault(group_of(job), deque()).append(job)
-        seen: Counter[str] = Counter()
-        for key, queue in groups.items():
-            definition = queue[0].definition.name
-            if seen[definition] % 2:
-                queue.reverse()
-            seen[definition] += 1
+        """Run every job to a result; returns when all are recorded, in the groups of job_groups."""
+        groups = job_groups(jobs, group_of)
         if not any(s.actor for s in self.slots):
             self.start()
         while groups or any(s.inflight for s in self.slots):
