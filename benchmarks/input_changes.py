@@ -1,5 +1,5 @@
 """What the change made to a timed call's inputs costs, against the ways it was made before and
-against an rmsnorm of the same input.
+against an rmsnorm of the same input; and what making a set's flip masks costs (each job, on both sides).
 
     python benchmarks/input_changes.py [--device cuda] [--rows 1 64 1024 8192] [--inputs 2 3]
 
@@ -14,6 +14,11 @@ mask, an XOR: three operations a set), the per-input window it replaced (the sam
 by input: the baseline, measured here in the same run), the per-element draw before that (`random_`,
 a multiply, an XOR), and an rmsnorm of the first input (the kernel it must not outweigh); ratios
 against the baseline. On a CPU, one thread, as an executor has.
+
+Then the masks: InputChanges' construction (each job, in the executor as it prepares its timing and in
+the supervisor as it replays the changes) decides which elements may flip with integer operations on
+their bits (fibray.evaluate.memory.flip_mask); the baseline is the rule on the values it replaced
+(2026-12-07: a float32 copy of each input, its flip's, three comparisons), measured in the same run.
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from fibray.evaluate.memory import (  # noqa: E402
-    FLIP_WEIGHT, POOL_SPAN, InputChanges, JobMemory, LocalRegion, args_of, plan_layout,
+    FLIP_WEIGHT, POOL_SPAN, InputChanges, JobMemory, LocalRegion, args_of, plan_layout, set_span,
 )
 
 
@@ -72,13 +77,28 @@ class PerInputWindow:
             bits.bitwise_xor_(scratch)
 
 
+def masks_on_values(region, row) -> torch.Tensor:
+    """The baseline: a set's flip mask as InputChanges made it until 2026-12-07, from the values."""
+    lo, nbytes = set_span(row)
+    mask = torch.zeros(nbytes, dtype=torch.uint8, device=region.bytes().device)
+    for arg, a in zip(row, args_of(region, row)):
+        bits = a.view(torch.int16)
+        flip = 1 << (7 - FLIP_WEIGHT)  # bf16: 7 mantissa bits
+        value = a.float()
+        flipped = torch.bitwise_xor(bits, flip).view(a.dtype).float()
+        keep = (value != 0) & value.isfinite() & flipped.isfinite()
+        p = arg.place
+        mask[p.off - lo:p.off - lo + p.nbytes].view(bits.dtype).view(bits.shape).copy_(keep.to(bits.dtype) * flip)
+    return mask
+
+
 def in_region(args: list[torch.Tensor], device: torch.device) -> tuple[InputChanges, list[torch.Tensor]]:
     """The set written into a job region as a slot lays it out, its InputChanges, and its tensors there."""
     layout = plan_layout("local", str(device), [args], [(args[0].dtype, tuple(args[0].shape))], trials=1, dps=True,
                          timed_buffers=1, snapshots=False)
     region = LocalRegion(layout.size, device)
     JobMemory(region, layout).write_inputs(0, args)
-    return InputChanges.of_layout(layout, region)[0], args_of(region, layout.inputs[0])
+    return InputChanges.of_layout(layout, region)[0], args_of(region, layout.inputs[0]), layout, region
 
 
 def rmsnorm(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -115,11 +135,12 @@ def main() -> None:
           f"torch {torch.__version__}, {a.calls} calls a run, median of 5 runs; baseline: per-input window")
     print(f"{'set':>20} {'per-element draw':>17} {'per-input (base)':>17} {'InputChanges':>13} {'rmsnorm':>9} "
           f"{'base / now':>11} {'now / rmsnorm':>14}")
+    masks = []
     for n in a.inputs:
         for rows in a.rows:
             args = [torch.randn(rows, 4096, device=device).to(torch.bfloat16) for _ in range(n - 1)]
             args.append(torch.randn(4096, device=device).to(torch.bfloat16))
-            ours, placed = in_region(args, device)
+            ours, placed, layout, region = in_region(args, device)
             draw, base = PerElementDraw(placed), PerInputWindow(placed)
             t_draw = per_call_us(lambda i: draw.apply(1000 + i), device, a.calls)
             t_base = per_call_us(lambda i: base.apply(1000 + i), device, a.calls)
@@ -127,6 +148,13 @@ def main() -> None:
             t_kernel = per_call_us(lambda i: rmsnorm(placed[0], placed[-1]), device, a.calls)
             print(f"{f'{n - 1} x {rows} x 4096 + w':>20} {t_draw:>14.1f} us {t_base:>14.1f} us {t_ours:>10.1f} us "
                   f"{t_kernel:>6.1f} us {t_base / t_ours:>10.2f}x {t_ours / t_kernel:>13.2f}x")
+            masks.append((n, rows, layout, region))
+    print(f"\nmaking a set's flip masks (InputChanges' construction); baseline: the rule on values")
+    print(f"{'set':>20} {'on values (base)':>17} {'on bits (now)':>14} {'base / now':>11}")
+    for n, rows, layout, region in masks:
+        t_base = per_call_us(lambda i: masks_on_values(region, layout.inputs[0]), device, max(1, a.calls // 5))
+        t_ours = per_call_us(lambda i: InputChanges.of_layout(layout, region), device, max(1, a.calls // 5))
+        print(f"{f'{n - 1} x {rows} x 4096 + w':>20} {t_base:>14.1f} us {t_ours:>11.1f} us {t_base / t_ours:>10.2f}x")
 
 
 if __name__ == "__main__":

@@ -15,8 +15,8 @@ import pytest
 import torch
 
 from fibray.evaluate.memory import (
-    GUARD_BYTES, GUARD_PATTERN, HostRegion, InputChanges, JobMemory, TimedSample, judged_calls, own_buffer_calls,
-    plan_layout, sample_size, timed_output_bytes,
+    FLIP_WEIGHT, GUARD_BYTES, GUARD_PATTERN, HostRegion, InputChanges, JobMemory, TimedSample, judged_calls,
+    own_buffer_calls, plan_layout, sample_size, timed_output_bytes,
 )
 from fibray.schema import Definition, EvalSettings, Job, Solution, Workload
 
@@ -210,6 +210,47 @@ def test_the_change_before_a_timed_call_flips_a_dense_random_half_of_every_float
     assert 0.4 < (body != 0).float().mean() < 0.6  # flipped an odd number of times in three: half
     assert not diff[:, :len(special)].any()  # zeros, infinities, NaNs (and e4m3's largest) as they were
     assert torch.equal(idx, torch.arange(64))  # structured (integer) inputs are never changed
+
+
+def _may_change(a: torch.Tensor) -> torch.Tensor:
+    """The rule InputChanges follows, on values: a nonzero finite value whose flip is finite."""
+    bits = a.view({1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[a.element_size()])
+    flip = 1 << max(0, round(-math.log2(torch.finfo(a.dtype).eps)) - FLIP_WEIGHT)
+    value, flipped = a.to(torch.float64), torch.bitwise_xor(bits, flip).view(a.dtype).to(torch.float64)
+    return (value != 0) & value.isfinite() & flipped.isfinite()
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float8_e4m3fn, torch.float8_e5m2,
+                                   torch.float32, torch.float64])
+def test_the_flip_mask_made_on_bits_follows_the_rule_on_values_for_every_pattern(dtype):
+    """flip_mask decides on integer bits (magnitude above zero, below the first pattern that is not
+    finite or flips to one): every bit pattern of the 8- and 16-bit floats, and for float32/64 a million
+    random ones with the edges (both zeros, infinities, NaN, the largest, the smallest normal and subnormal)."""
+    from fibray.evaluate.memory import flip_mask, flip_rule
+
+    bits_dtype, flip, _, _ = flip_rule(dtype)
+    n = torch.finfo(dtype).bits
+    if n <= 16:
+        pattern = torch.arange(1 << n, dtype=torch.int64)
+        x = (pattern if n == 8 else pattern - (1 << 15)).to(bits_dtype).view(dtype)
+    else:
+        info = torch.finfo(dtype)
+        edges = torch.tensor([0.0, -0.0, math.inf, -math.inf, math.nan, info.max, -info.max, info.tiny, -info.tiny,
+                              info.smallest_normal / 4, 5e-324 if n == 64 else 1e-45, 1.0], dtype=dtype)
+        drawn = torch.randint(-(1 << 62), 1 << 62, (1 << 20,), generator=torch.Generator().manual_seed(5))
+        x = torch.cat([drawn.to(bits_dtype).view(dtype), edges])
+    out = torch.full((x.numel() * x.element_size(),), 0x5A, dtype=torch.uint8)
+    flip_mask(x, out)
+    want = _may_change(x)
+    assert torch.equal(out.view(bits_dtype), want.to(bits_dtype) * flip)
+    assert 0 < int(want.sum()) < x.numel()
+
+
+def test_a_float_whose_negative_zero_is_a_nan_has_no_flip_rule():
+    from fibray.evaluate.memory import flip_rule
+
+    with pytest.raises(ValueError, match="no rule for torch.float8_e4m3fnuz"):
+        flip_rule(torch.float8_e4m3fnuz)
 
 
 def _two_copies(args: list) -> tuple:

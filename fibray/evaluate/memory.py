@@ -7,6 +7,7 @@ on its own mapping; this module never takes a fact from the candidate's process.
 from __future__ import annotations
 
 import ctypes
+import functools
 import math
 import mmap
 import os
@@ -408,6 +409,41 @@ def inputs_copy(layout: "Layout", sets: list[list[Any]], device: torch.device) -
     return copy
 
 
+@functools.lru_cache(maxsize=None)
+def flip_rule(dtype: torch.dtype) -> tuple[torch.dtype, int, int, int]:
+    """How InputChanges flips a float dtype's values, as integers on its bits: (the bits' dtype, the
+    flip bit FLIP_WEIGHT below the leading mantissa bit, the mask of every bit but the sign, and the
+    limit). A value may change where its magnitude's bits are above 0 (not a zero) and below the limit:
+    the limit is the first pattern whose value or whose flip is not finite (an infinity's bits, a
+    NaN's; fp8 e4m3's largest, whose flip is its NaN); every pattern below it and its flip are finite
+    (tests/test_memory.py checks every pattern of every 8- and 16-bit float against the values)."""
+    info = torch.finfo(dtype)
+    bits = _BITS[info.bits // 8]
+    sign = 1 << 7 if bits == torch.uint8 else -(1 << (info.bits - 1))  # the sign bit alone: a zero, or a NaN
+    if torch.tensor(sign, dtype=torch.int64).to(bits).view(dtype).to(torch.float64).isnan():  # (the fnuz fp8s)
+        raise ValueError(f"input changes have no rule for {dtype}: its negative zero's bits are a NaN")
+    mantissa = round(-math.log2(info.eps))
+    flip = 1 << max(0, mantissa - FLIP_WEIGHT)
+    largest = torch.tensor(info.max, dtype=torch.float64).to(dtype)
+    top = int(largest.view(bits).item())
+    flipped = torch.tensor(top ^ flip, dtype=torch.int64).to(bits).view(dtype)
+    limit = top + 1 if bool(flipped.to(torch.float64).isfinite()) else top
+    return bits, flip, (1 << (info.bits - 1)) - 1, limit
+
+
+def flip_mask(a: torch.Tensor, out: torch.Tensor) -> None:
+    """Write into `out` (bytes laid out as `a`) the flip bit of flip_rule(a.dtype) where a's value may
+    change, zero elsewhere: integer operations on its bits (no float copy of it, no isfinite)."""
+    bits_dtype, flip, magnitude, limit = flip_rule(a.dtype)
+    bits = a.view(bits_dtype)
+    mag = torch.bitwise_and(bits, magnitude)
+    keep = mag > 0
+    keep &= mag < limit
+    out = out.view(bits_dtype).view(bits.shape)
+    out.copy_(keep)
+    out.mul_(flip)  # (a multiply of the bools into `out` cast through int64: 8x slower on a CPU)
+
+
 class InputChanges:
     """The change made to one input set before each of its timed calls: in every floating-point
     input, one mantissa bit (FLIP_WEIGHT) of a random half of the elements flips (an XOR), the half
@@ -448,14 +484,8 @@ class InputChanges:
             if arg.place is None or not a.is_floating_point() or not a.numel():
                 continue
             floats = True
-            bits = a.view(_BITS[a.element_size()])
-            mantissa = round(-math.log2(torch.finfo(a.dtype).eps))
-            flip = 1 << max(0, mantissa - FLIP_WEIGHT)
-            value = a.float()  # fp8 has no isfinite of its own
-            flipped = torch.bitwise_xor(bits, flip).view(a.dtype).float()
-            keep = (value != 0) & value.isfinite() & flipped.isfinite()
             p = arg.place
-            mask[p.off - lo:p.off - lo + p.nbytes].view(bits.dtype).view(bits.shape).copy_(keep.to(bits.dtype) * flip)
+            flip_mask(a, mask[p.off - lo:p.off - lo + p.nbytes])
         if not floats:  # (not mask.any(): a read back, on a GPU a synchronise, per set)
             return
         self._words = _piece(region, lo, nbytes).view(torch.int64)
