@@ -268,6 +268,33 @@ def _two_copies(args: list) -> tuple:
             ours[1])
 
 
+def test_flip_masks_kept_for_a_workloads_sets_make_the_changes_made_without_them(monkeypatch):
+    """The supervisor keeps each set's flip mask per workload (Judge._timed): a fresh copy of the same
+    sets changed with the kept masks ends byte for byte where one whose masks are made anew ends, and
+    no mask is made twice."""
+    import fibray.evaluate.memory as memory
+    from fibray.evaluate.memory import args_of, inputs_copy
+
+    torch.manual_seed(3)
+    sets = [[torch.randn(16, 64).bfloat16(), torch.arange(4), torch.randn(64).half()] for _ in range(3)]
+    layout = plan_layout("local", "cpu", sets, [(torch.float32, (1,))], trials=3, dps=True, timed_buffers=1,
+                         snapshots=False)
+    masks: dict = {}
+    made = []
+    real = memory.flip_mask
+    monkeypatch.setattr(memory, "flip_mask", lambda a, out: (made.append(a.dtype), real(a, out)))
+    ends = []
+    for kept in (masks, masks, None):
+        copy = inputs_copy(layout, sets, torch.device("cpu"))
+        changes = InputChanges.of_layout(layout, copy, kept)
+        for i, seed in enumerate([5, 6, 7, 8, 9, 10, 11]):
+            changes[i % 3].apply(seed)
+        ends.append([bytes(t.contiguous().view(torch.uint8).numpy()) for row in layout.inputs for t in args_of(copy, row)])
+    assert ends[0] == ends[1] == ends[2]
+    assert ends[0] != [bytes(t.contiguous().view(torch.uint8).numpy()) for s in sets for t in s]  # they did change
+    assert len(made) == 2 * 6 and len(masks) == 3  # two float inputs a set: once kept, once anew
+
+
 def test_a_change_costs_three_operations_a_set_however_many_inputs_it_has():
     """The change is made to the set's span of bytes at once (an AND of a window of random words with
     the flip mask, an XOR), not input by input: on a GPU each operation is a launch of host time

@@ -64,6 +64,8 @@ class _WorkloadState:
     """Per timing attempt (a retry after a broken bound is the next), the secret seed of each timed
     call's input change: drawn once per workload, here, never by an executor."""
     timed: dict[tuple, _Timed] = field(default_factory=dict)
+    masks: dict[tuple, Optional[torch.Tensor]] = field(default_factory=dict)
+    """The flip masks of the input sets' changes (InputChanges), made once per workload for _timed's copies."""
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
@@ -275,7 +277,9 @@ class Judge:
             ref = self._reference(job.definition)
             copy = inputs_copy(mem.layout, sets, self.device)
             work = [args_of(copy, row) for row in mem.layout.inputs]
-            changes = InputChanges.of_layout(mem.layout, copy)
+            made = set(state.masks)
+            changes = InputChanges.of_layout(mem.layout, copy, state.masks)
+            state.nbytes += sum(m.numel() * 8 for k, m in state.masks.items() if k not in made and m is not None)
             refs: dict[int, list[torch.Tensor]] = {}
             for i in called:
                 if cached is not None and not missing - refs.keys():

@@ -467,18 +467,42 @@ class InputChanges:
     the supervisor's window but not in any honest report, was judged a lie (timing_below_observed)."""
 
     @classmethod
-    def of_layout(cls, layout: "Layout", region: Region) -> list["InputChanges"]:
-        """One per input set of the region, sharing one pool and scratch per span length."""
+    def of_layout(cls, layout: "Layout", region: Region,
+                  masks: Optional[dict[tuple, Optional[torch.Tensor]]] = None) -> list["InputChanges"]:
+        """One per input set of the region, sharing one pool and scratch per span length. `masks`: the
+        sets' flip masks by (set, its tensors' places within the span), kept by a caller whose regions
+        hold the same sets in that state again (the supervisor's copies of a workload's sets: Judge._timed)."""
         shared: dict[tuple, list] = {}
-        return [cls(region, row, shared) for row in layout.inputs]
+        return [cls(region, row, shared, masks, i) for i, row in enumerate(layout.inputs)]
 
-    def __init__(self, region: Region, row: list[Arg], shared: Optional[dict[tuple, list]] = None) -> None:
+    def __init__(self, region: Region, row: list[Arg], shared: Optional[dict[tuple, list]] = None,
+                 masks: Optional[dict[tuple, Optional[torch.Tensor]]] = None, index: int = 0) -> None:
         shared = {} if shared is None else shared
         span = set_span(row)
         self._words: Optional[torch.Tensor] = None
         if span is None:
             return
         lo, nbytes = span
+        known = (index, tuple((a.place.off - lo, a.place.dtype, a.place.shape) for a in row if a.place is not None))
+        if masks is not None and known in masks:
+            flips = masks[known]
+        else:
+            flips = self._mask(region, row, lo, nbytes)
+            if masks is not None:
+                masks[known] = flips
+        if flips is None:
+            return
+        self._words = _piece(region, lo, nbytes).view(torch.int64)
+        self._flips = flips
+        key = (self._words.numel(), str(self._words.device))
+        if key not in shared:  # [pool (drawn at the first change), scratch]
+            shared[key] = [None, torch.empty_like(self._words)]
+        self._pool_scratch = shared[key]
+
+    @staticmethod
+    def _mask(region: Region, row: list[Arg], lo: int, nbytes: int) -> Optional[torch.Tensor]:
+        """The set's flip mask as 64-bit words over its span (flip_mask of each float input), or None
+        where no input may change."""
         mask, floats = torch.zeros(nbytes, dtype=torch.uint8, device=region.bytes().device), False
         for arg, a in zip(row, args_of(region, row)):
             if arg.place is None or not a.is_floating_point() or not a.numel():
@@ -486,14 +510,7 @@ class InputChanges:
             floats = True
             p = arg.place
             flip_mask(a, mask[p.off - lo:p.off - lo + p.nbytes])
-        if not floats:  # (not mask.any(): a read back, on a GPU a synchronise, per set)
-            return
-        self._words = _piece(region, lo, nbytes).view(torch.int64)
-        self._flips = mask.view(torch.int64)
-        key = (self._words.numel(), str(self._words.device))
-        if key not in shared:  # [pool (drawn at the first change), scratch]
-            shared[key] = [None, torch.empty_like(self._words)]
-        self._pool_scratch = shared[key]
+        return mask.view(torch.int64) if floats else None  # (not mask.any(): a read back, on a GPU a synchronise)
 
     def apply(self, seed: int) -> None:
         words = self._words
