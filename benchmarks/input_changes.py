@@ -34,7 +34,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from fibray.evaluate.memory import (  # noqa: E402
-    FLIP_WEIGHT, POOL_SPAN, InputChanges, JobMemory, LocalRegion, args_of, plan_layout, set_span,
+    FLIP_WEIGHT, POOL_SPAN, InputChanges, JobMemory, Layout, LocalRegion, args_of, plan_layout, set_span,
 )
 
 
@@ -92,8 +92,9 @@ def masks_on_values(region, row) -> torch.Tensor:
     return mask
 
 
-def in_region(args: list[torch.Tensor], device: torch.device) -> tuple[InputChanges, list[torch.Tensor]]:
-    """The set written into a job region as a slot lays it out, its InputChanges, and its tensors there."""
+def in_region(args: list[torch.Tensor], device: torch.device) -> tuple[InputChanges, list[torch.Tensor], Layout, LocalRegion]:
+    """The set written into a job region as a slot lays it out: its InputChanges, its tensors there,
+    the layout and the region."""
     layout = plan_layout("local", str(device), [args], [(args[0].dtype, tuple(args[0].shape))], trials=1, dps=True,
                          timed_buffers=1, snapshots=False)
     region = LocalRegion(layout.size, device)

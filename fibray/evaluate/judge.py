@@ -277,9 +277,9 @@ class Judge:
             ref = self._reference(job.definition)
             copy = inputs_copy(mem.layout, sets, self.device)
             work = [args_of(copy, row) for row in mem.layout.inputs]
-            made = set(state.masks)
+            known = len(state.masks)
             changes = InputChanges.of_layout(mem.layout, copy, state.masks)
-            state.nbytes += sum(m.numel() * 8 for k, m in state.masks.items() if k not in made and m is not None)
+            state.nbytes += sum(m.numel() * m.element_size() for m in list(state.masks.values())[known:] if m is not None)
             refs: dict[int, list[torch.Tensor]] = {}
             for i in called:
                 if cached is not None and not missing - refs.keys():

@@ -483,13 +483,13 @@ class InputChanges:
         if span is None:
             return
         lo, nbytes = span
-        known = (index, tuple((a.place.off - lo, a.place.dtype, a.place.shape) for a in row if a.place is not None))
-        if masks is not None and known in masks:
-            flips = masks[known]
-        else:
+        if masks is None:
             flips = self._mask(region, row, lo, nbytes)
-            if masks is not None:
-                masks[known] = flips
+        else:
+            known = (index, tuple((a.place.off - lo, a.place.dtype, a.place.shape) for a in row if a.place is not None))
+            if known not in masks:
+                masks[known] = self._mask(region, row, lo, nbytes)
+            flips = masks[known]
         if flips is None:
             return
         self._words = _piece(region, lo, nbytes).view(torch.int64)
