@@ -22,7 +22,7 @@ from fibray.evaluate.memory import (
     KEEP_REGION_BYTES, KEEP_REGION_BYTES_GPU, TIMED_REFS_CACHE_BYTES, TIMING_BUDGET_BYTES, TIMING_MAX_SETS, GUARD_BYTES,
     JobMemory, KeptRegion, LocalRegion, Region,
     InputChanges, args_of, draw_seeds, inputs_copy, judged_calls, own_buffer_calls, plan_layout, sample_size,
-    timed_output_bytes,
+    timed_output_bytes, workload_cache_bytes,
 )
 from fibray.evaluate.inputs import BlobCache, clone_args, job_inputs, torch_dtype
 from fibray.schema.reasons import Reason
@@ -107,7 +107,7 @@ def _timed_verdicts(checker, outs: list[list[torch.Tensor]], refs: list[list[tor
 class Judge:
     """Holds references and decides verdicts; never runs candidate code."""
 
-    def __init__(self, workdir: Path, device: torch.device, env: Environment, cache_bytes: int = 2 << 30,
+    def __init__(self, workdir: Path, device: torch.device, env: Environment, cache_bytes: Optional[int] = None,
                  regions: Optional[Callable[[int, torch.device], Region]] = None, region_kind: Optional[str] = None) -> None:
         self.workdir, self.device, self.env = Path(workdir), device, env
         self.regions = regions or _local
@@ -117,7 +117,8 @@ class Judge:
         self.blobs = BlobCache()
         self._refs: dict[str, Any] = {}
         self._workloads: OrderedDict[tuple, _WorkloadState] = OrderedDict()
-        self._cache_bytes = cache_bytes
+        self._cache_bytes = workload_cache_bytes(device) if cache_bytes is None else cache_bytes
+        """What the workloads' states may hold (their nbytes) before the least recently used goes."""
         self._lock = threading.Lock()
         self._building: dict[tuple, threading.Lock] = {}
         """One lock per workload being materialised: lanes on the same workload build it once."""
@@ -168,11 +169,17 @@ class Judge:
                 state = self._materialise(job)
                 with self._lock:
                     self._workloads[key] = state
-                    while len(self._workloads) > 1 and sum(w.nbytes for w in self._workloads.values()) > self._cache_bytes:
-                        self._workloads.popitem(last=False)
+                self._trim()
             with self._lock:
                 self._building.pop(key, None)
         return state
+
+    def _trim(self) -> None:
+        """The least recently used workloads out while what they all hold is over the cache's bytes (the
+        newest stays): after a workload is made, and after one grows (its timing sets, its replayed sets)."""
+        with self._lock:
+            while len(self._workloads) > 1 and sum(w.nbytes for w in self._workloads.values()) > self._cache_bytes:
+                self._workloads.popitem(last=False)
 
     def _materialise(self, job: Job) -> _WorkloadState:
         s = job.settings
@@ -215,6 +222,8 @@ class Judge:
         with state.lock:
             while len(state.extra) < extra:  # trial indices past the checked ones and the re-check
                 state.extra.append(self._materialise_set(job, s.trials + 1 + len(state.extra)))
+                state.nbytes += _nbytes(state.extra[-1])
+        self._trim()
         sets = [*trials, *state.extra[:extra]]
         iterations = max(1, -(-s.iterations * len(trials) // len(sets)))
         calls = calls_after_warmup(iterations, len(sets), self.device, s.sync_device)
@@ -299,7 +308,9 @@ class Judge:
                 size = _nbytes(r)
                 if held + size <= TIMED_REFS_CACHE_BYTES:
                     cached.refs[i], held, state.nbytes = r, held + size, state.nbytes + size
-            return _Timed(refs={i: refs[i] if i in refs else cached.refs[i] for i in want}, final=cached.final)
+            timed = _Timed(refs={i: refs[i] if i in refs else cached.refs[i] for i in want}, final=cached.final)
+        self._trim()
+        return timed
 
     def check_call(self, job: Job, mem: JobMemory, s_index: int, k: int, inputs: list[Any], refs: list[torch.Tensor],
                    out: TrialOutput) -> CheckResult:

@@ -41,6 +41,14 @@ TIMED_OUTPUT_SHARE_GPU = 8
 """At most 1/this of the device's memory for one job's timed output buffers."""
 TIMED_REFS_CACHE_BYTES = 1 << 30
 """References of judged timed calls kept per workload for the next job's sample (beyond: computed per job)."""
+WORKLOAD_CACHE_BYTES = 2 << 30
+"""What a judge keeps of its workloads (inputs, references, the timed calls' replayed sets and masks), least
+recently used first out, at least this many bytes..."""
+WORKLOAD_CACHE_BYTES_GPU = 16 << 30
+"""...and on a GPU up to this many, 1/WORKLOAD_CACHE_SHARE_GPU of the device's memory and a quarter of what is
+free (workload_cache_bytes): a solution's jobs go through its definition's workloads (fibray.sweep.pool), so a
+cache smaller than one definition's workloads made every workload again for every solution."""
+WORKLOAD_CACHE_SHARE_GPU = 8
 WRONG_ONE_IN = 8
 """A kernel wrong on one timed call in this many..."""
 MISS_PROBABILITY = 1e-3
@@ -170,10 +178,21 @@ def plan_layout(kind: str, device: str, input_sets: list[list[Any]], out_specs: 
 def timed_output_bytes(device: torch.device) -> int:
     """Bytes one job's timed output buffers may take on `device` (TIMED_OUTPUT_BYTES, _GPU): on a GPU also at
     most a quarter of its memory free now (another process's, a candidate's), but never less than 1 GiB."""
+    return _device_share(device, TIMED_OUTPUT_BYTES, TIMED_OUTPUT_BYTES_GPU, TIMED_OUTPUT_SHARE_GPU)
+
+
+def _device_share(device: torch.device, least: int, most: int, share: int) -> int:
+    """`least` bytes on a CPU; on a GPU up to `most`, 1/`share` of its memory and a quarter of what is free
+    now, but never less than `least`."""
     if device.type != "cuda":
-        return TIMED_OUTPUT_BYTES
+        return least
     free, total = torch.cuda.mem_get_info(device)
-    return max(TIMED_OUTPUT_BYTES, min(TIMED_OUTPUT_BYTES_GPU, total // TIMED_OUTPUT_SHARE_GPU, free // 4))
+    return max(least, min(most, total // share, free // 4))
+
+
+def workload_cache_bytes(device: torch.device) -> int:
+    """Bytes a judge keeps of its workloads on `device` (WORKLOAD_CACHE_BYTES, _GPU)."""
+    return _device_share(device, WORKLOAD_CACHE_BYTES, WORKLOAD_CACHE_BYTES_GPU, WORKLOAD_CACHE_SHARE_GPU)
 
 
 def own_buffer_calls(fit: int, iterations: int, n_sets: int, min_sets: int,

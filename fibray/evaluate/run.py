@@ -36,7 +36,7 @@ Status = EvaluationStatus
 class Evaluator:
     """Candidate runner and judge in one process (tests, local use). The sweep keeps them apart."""
 
-    def __init__(self, workdir: Path, device: Optional[torch.device] = None, cache_bytes: int = 2 << 30) -> None:
+    def __init__(self, workdir: Path, device: Optional[torch.device] = None, cache_bytes: Optional[int] = None) -> None:
         prepare_triton()  # before anything imports triton
         self.workdir = Path(workdir)
         self.device = device or default_device()
