@@ -86,3 +86,29 @@ def test_a_gpus_workload_cache_takes_an_eighth_of_its_memory_a_quarter_of_what_i
                                 ((20 * gib, 80 * gib), 5 * gib), ((4 * gib, 80 * gib), 2 * gib)]:
         monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None, _f=free, _t=total: (_f, _t))
         assert workload_cache_bytes(torch.device("cuda", 0)) == want, (free, total)
+
+
+def test_a_reference_is_timed_once_a_slot_though_the_cache_let_its_workload_go(tmp_path, monkeypatch):
+    """Every job of a workload reports the one measurement of its reference and the job that made it, even
+    where the workload was made again in between; other timing settings time it again."""
+    import fibray.evaluate.judge as judge_module
+
+    timed = []
+    real = judge_module.time_calls
+    monkeypatch.setattr(judge_module, "time_calls", lambda *a, **k: timed.append(a[0]) or real(*a, **k))
+    jobs = _timing_jobs()
+    judge = Judge(tmp_path, CPU, environment(CPU), cache_bytes=1)  # holds the newest workload alone
+    made = _counted(judge)
+    first: dict[str, tuple] = {}
+    for solution in range(2):
+        for job in jobs:
+            job = job.model_copy(update={"job_id": f"{job.job_id}-s{solution}"})
+            assert judge.reference_ready(job) == (solution > 0)
+            got = judge.reference_latency(job, judge.state(job))
+            assert got == first.setdefault(job.workload.uuid, got)
+            assert got[1] == f"{job.job_id[:-3]}-s0"
+    assert len(made) == 2 * len(jobs) and len(timed) == len(jobs)
+    longer = jobs[0].model_copy(update={"settings": jobs[0].settings.model_copy(update={"iterations": 20})})
+    assert not judge.reference_ready(longer)
+    judge.reference_latency(longer, judge.state(longer))
+    assert len(timed) == len(jobs) + 1

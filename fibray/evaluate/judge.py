@@ -37,6 +37,8 @@ from fibray.timing.timer import calls_after_warmup
 
 Status = EvaluationStatus
 
+REFERENCE_LATENCIES_KEPT = 1 << 16
+"""Reference latencies a judge remembers (Judge.reference_latency), the first timed out first."""
 
 
 @dataclass
@@ -54,9 +56,6 @@ class _WorkloadState:
 
     inputs: list[list[Any]]
     refs: list[list[torch.Tensor]]
-    ref_stats: Optional[LatencyStats] = None
-    ref_job: Optional[str] = None
-    """The job whose evaluation timed `ref_stats`."""
     nbytes: int = 0
     extra: list[list[Any]] = field(default_factory=list)
     """Further input sets for timing (trial indices past the re-check set)."""
@@ -117,6 +116,10 @@ class Judge:
         self.blobs = BlobCache()
         self._refs: dict[str, Any] = {}
         self._workloads: OrderedDict[tuple, _WorkloadState] = OrderedDict()
+        self._ref_latencies: OrderedDict[tuple, tuple[LatencyStats, str]] = OrderedDict()
+        """The reference's latency per workload and timing settings, and the job that timed it: kept apart from
+        the workloads' states, which the cache lets go, so that a slot times a reference once (its jobs all
+        report that one measurement), up to REFERENCE_LATENCIES_KEPT of them."""
         self._cache_bytes = workload_cache_bytes(device) if cache_bytes is None else cache_bytes
         """What the workloads' states may hold (their nbytes) before the least recently used goes."""
         self._lock = threading.Lock()
@@ -151,11 +154,16 @@ class Judge:
                 self._refs[key] = build_reference(definition.reference, definition.name, self.workdir / "references")
             return self._refs[key]
 
+    @staticmethod
+    def _workload_key(job: Job) -> tuple:
+        """What a workload's inputs and references depend on (random_inputs is part of the definition, as its reference is)."""
+        s = job.settings
+        return (job.definition.name, hash(job.definition.reference), job.workload.uuid, s.seed, s.trials, job.dataset_root,
+                job.input_key, s.input_distribution)
+
     def state(self, job: Job) -> _WorkloadState:
         """Inputs and reference outputs of the job's workload (cached per workload). Raises InputError."""
-        s = job.settings
-        key = (job.definition.name, hash(job.definition.reference), job.workload.uuid, s.seed, s.trials, job.dataset_root,
-               job.input_key, s.input_distribution)  # random_inputs is part of the definition, as its reference is
+        key = self._workload_key(job)
         with self._lock:
             state = self._workloads.get(key)
             if state is not None:
@@ -399,16 +407,32 @@ class Judge:
             verdict.merge(one)
         return verdict
 
-    def reference_latency(self, job: Job, state: _WorkloadState) -> LatencyStats:
-        if state.ref_stats is None:
+    @classmethod
+    def _reference_key(cls, job: Job) -> tuple:
+        s = job.settings
+        return (*cls._workload_key(job), s.warmup, s.iterations, s.flush_l2, s.sync_device, s.timing)
+
+    def _timed_reference(self, job: Job) -> Optional[tuple[LatencyStats, str]]:
+        with self._lock:
+            return self._ref_latencies.get(self._reference_key(job))
+
+    def reference_latency(self, job: Job, state: _WorkloadState) -> tuple[LatencyStats, str]:
+        """The reference's latency on the job's workload at its timing settings, and the job that timed it:
+        timed on `state`'s trial inputs the first time a slot needs it, then the same for every job."""
+        known = self._timed_reference(job)
+        if known is None:
             s = job.settings
             arg_sets = [clone_args(a) for a in state.inputs[: s.trials]]
             with torch.no_grad():
                 timing = time_calls(self._reference(job.definition), arg_sets, warmup=s.warmup, iterations=s.iterations,
                                     device=self.device, flush_l2=s.flush_l2, sync_device=s.sync_device,
                                     adaptive=s.timing == "adaptive")
-            state.ref_stats, state.ref_job = LatencyStats.of(timing.samples_ms), job.job_id
-        return state.ref_stats
+            known = (LatencyStats.of(timing.samples_ms), job.job_id)
+            with self._lock:
+                known = self._ref_latencies.setdefault(self._reference_key(job), known)  # a lane that timed it first wins
+                while len(self._ref_latencies) > REFERENCE_LATENCIES_KEPT:
+                    self._ref_latencies.popitem(last=False)
+        return known
 
     def known_reference(self, job: Job):
         """The reference latency the store already holds for this job's environment (a KnownReference), or None."""
@@ -418,13 +442,13 @@ class Judge:
             return None
         return job.known_references.get(environment_key(self.env.hardware, self.env.libs))
 
-    def reference_ready(self, job: Job, state: _WorkloadState) -> bool:
+    def reference_ready(self, job: Job) -> bool:
         """Whether `passed` needs no time on the GPU: the device's limits are measured and the reference's
         latency is known (timed for this workload already, in the store, or not asked for)."""
         if self.known_reference(job) is not None:
             return True
         measured = self.caps is not None or self.device.type != "cuda"  # a CPU has no roofline to measure
-        return measured and (not job.settings.time_reference or state.ref_stats is not None)
+        return measured and (not job.settings.time_reference or self._timed_reference(job) is not None)
 
     def passed(self, job: Job, state: _WorkloadState, verdict: CheckResult, timing: Timing) -> Evaluation:
         s = job.settings
@@ -439,8 +463,8 @@ class Judge:
         if known is not None:
             ref_ms = known.latency_ms
         else:
-            ref_ms = self.reference_latency(job, state).median_ms if s.time_reference else 0.0
-            ref_job = state.ref_job if s.time_reference else None
+            ref_stats, ref_job = self.reference_latency(job, state) if s.time_reference else (None, None)
+            ref_ms = ref_stats.median_ms if ref_stats is not None else 0.0
         perf = Performance(
             latency_ms=stats.median_ms, reference_latency_ms=ref_ms,
             speedup_factor=ref_ms / stats.median_ms if stats.median_ms > 0 and ref_ms > 0 else 0.0,

@@ -214,7 +214,7 @@ def _protocol(job: Job, judge: Judge, calls, phase: Phases, gpu, state: _Workloa
         if failed is not None:
             return failed
     timing = Timing(result.samples_ms, result.mode, result.sync_overhead_ms)
-    if judge.reference_ready(job, state):  # timed before (this workload, or the store's): no GPU time needed
+    if judge.reference_ready(job):  # timed before (this workload, or the store's): no GPU time needed
         return judge.passed(job, state, verdict, timing)
     with gpu.hold(phase, "reference_timing", exclusive=True):
         return judge.passed(job, state, verdict, timing)
