@@ -296,7 +296,7 @@ class Judge:
             work = [args_of(copy, row) for row in mem.layout.inputs]
             known = len(state.masks)
             changes = InputChanges.of_layout(mem.layout, copy, state.masks)
-            state.nbytes += sum(m.numel() * m.element_size() for m in list(state.masks.values())[known:] if m is not None)
+            state.nbytes += _nbytes(list(state.masks.values())[known:])  # the masks made now (None: a set without floats)
             refs: dict[int, list[torch.Tensor]] = {}
             for i in called:
                 if cached is not None and not missing - refs.keys():
@@ -412,14 +412,12 @@ class Judge:
         s = job.settings
         return (*cls._workload_key(job), s.warmup, s.iterations, s.flush_l2, s.sync_device, s.timing)
 
-    def _timed_reference(self, job: Job) -> Optional[tuple[LatencyStats, str]]:
-        with self._lock:
-            return self._ref_latencies.get(self._reference_key(job))
-
     def reference_latency(self, job: Job, state: _WorkloadState) -> tuple[LatencyStats, str]:
         """The reference's latency on the job's workload at its timing settings, and the job that timed it:
         timed on `state`'s trial inputs the first time a slot needs it, then the same for every job."""
-        known = self._timed_reference(job)
+        key = self._reference_key(job)
+        with self._lock:
+            known = self._ref_latencies.get(key)
         if known is None:
             s = job.settings
             arg_sets = [clone_args(a) for a in state.inputs[: s.trials]]
@@ -429,7 +427,7 @@ class Judge:
                                     adaptive=s.timing == "adaptive")
             known = (LatencyStats.of(timing.samples_ms), job.job_id)
             with self._lock:
-                known = self._ref_latencies.setdefault(self._reference_key(job), known)  # a lane that timed it first wins
+                known = self._ref_latencies.setdefault(key, known)  # a lane that timed it first wins
                 while len(self._ref_latencies) > REFERENCE_LATENCIES_KEPT:
                     self._ref_latencies.popitem(last=False)
         return known
@@ -448,7 +446,10 @@ class Judge:
         if self.known_reference(job) is not None:
             return True
         measured = self.caps is not None or self.device.type != "cuda"  # a CPU has no roofline to measure
-        return measured and (not job.settings.time_reference or self._timed_reference(job) is not None)
+        if not measured or not job.settings.time_reference:
+            return measured
+        with self._lock:
+            return self._reference_key(job) in self._ref_latencies
 
     def passed(self, job: Job, state: _WorkloadState, verdict: CheckResult, timing: Timing) -> Evaluation:
         s = job.settings
