@@ -419,6 +419,35 @@ def test_work_done_after_the_timing_reply_finds_the_executor_stopped(slot, calls
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("stepped, calls", [(True, (1, 1)), (False, (1, 1))])
+def test_work_done_at_once_after_the_timing_reply_is_not_judged(slot, monkeypatch, stepped, calls):
+    """offender_works_after_its_reply without its pause: its work starts as soon as its reply is sent, and it
+    PASSED whenever it wrote its answers before the supervisor had the reply read and the executor stopped
+    (three runs in three here, stepped, one call's work within what an honest reply may cost the executor's
+    CPU; every time where the timing is not stepped call by call, as on a GPU, where no CPU clock sees it).
+    The outputs judged are copied at the end step, while the executor waits (stopped, where not stepped):
+    what it writes after is never read. The GPU twin: gpu_offender_works_at_once_after_its_reply."""
+    if not stepped:
+        monkeypatch.setattr(slot, "_step_clock", lambda ex: None)  # as on a GPU slot: one end step, no clock
+    sol = _candidate("works_after_its_reply")
+    raw = sol.model_dump(mode="json")
+    src = raw["sources"][0]["content"]
+    assert "time.sleep(0.003)" in src
+    raw["name"], raw["sources"][0]["content"] = "works_at_once_after_its_reply", src.replace("time.sleep(0.003)", "pass")
+    sol = Solution.model_validate(raw)
+    for attempt in range(3):
+        job = _with_calls(_job(sol), sol, *calls)
+        job = job.model_copy(update={"job_id": f"{job.job_id}-{stepped}-{attempt}"})
+        ev = slot.evaluate(job, "persistent", now_iso()).evaluation
+        assert (ev.status.value, ev.reason) in {("INCORRECT_NUMERICAL", "wrong_while_timed"),
+                                                ("RUNTIME_ERROR", "timing_below_observed")}, ev.log[-800:]
+    twin = _honest_work_twin()
+    ev = slot.evaluate(_with_calls(_job(twin), twin, *calls).model_copy(update={"job_id": f"twin-{stepped}"}),
+                       "persistent", now_iso()).evaluation
+    assert ev.status.value == "PASSED", ev.log[-800:]
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("calls", [(10, 2), (30, 2)])
 def test_calls_whose_buffers_are_written_again_are_judged_from_a_secret_sample(slot, monkeypatch, calls):
     """Timed outputs kept in fewer buffers than calls (here forced by a small TIMED_OUTPUT_BYTES): only the

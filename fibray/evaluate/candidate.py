@@ -370,15 +370,18 @@ class CandidateRunner:
             with self.clock("executor_sync"):
                 _sync(self.device)
 
-    def time(self, job: Job, seeds: list[int], step: Any = None) -> TimeResult:
+    def time(self, job: Job, seeds: list[int], step: Any = None, end_only: bool = False) -> TimeResult:
         """Time the candidate: before timed call i (untimed) its input set changes (InputChanges, from
         `seeds[i]`, one per planned call, sent with this request) and its own output buffers go in
         place; as call i+1 is prepared, call i's outputs are copied where the supervisor reads them (a
         value-returning call's result; a DPS call's buffers into their snapshot, on a CPU), so that
         what the supervisor judges is what existed at the end mark. `step`: the supervisor clocks every
         timed call (a CPU timing: fibray.timing.steps); it then changes the inputs and takes a DPS call's
-        snapshot itself, between the steps (fibray.evaluate.memory.SupervisorSteps), and sends no seeds."""
+        snapshot itself, between the steps (fibray.evaluate.memory.SupervisorSteps), and sends no seeds.
+        `end_only`: `step` makes only its end step, once every call is over and handed over (and the device
+        synchronised): the supervisor copies the outputs it judges then (a GPU timing)."""
         plan = self._plans[job.job_id]  # kept: a timing the supervisor doubts is run again
+        end_step, step = (step, None) if end_only else (None, step)
         if step is None and len(seeds) != plan.calls:
             raise ValueError(f"a timing request carries {len(seeds)} seeds for {plan.calls} planned calls")
         plan.seeds = list(seeds)
@@ -427,6 +430,8 @@ class CandidateRunner:
                                     adaptive=s.timing == "adaptive", step=step, after_last=after_last)
                 if self.device.type == "cuda":
                     _sync(self.device)
+            if end_step is not None:
+                end_step.end()
         except _TimedCallFailed as e:
             return TimeResult(failure=e.failure)
         return TimeResult(samples_ms=timing.samples_ms, mode=timing.mode, sync_overhead_ms=timing.sync_overhead_ms,

@@ -350,12 +350,17 @@ class Judge:
 
     def check_timed(self, job: Job, state: _WorkloadState, mem: JobMemory, plan: _JobPlan, sets: list[list[Any]],
                     result: TimeResult, attempt: int = 0,
-                    kept: Optional[dict[int, list[torch.Tensor]]] = None) -> CheckResult:
+                    kept: Optional[dict[int, list[torch.Tensor]]] = None,
+                    final: Optional[dict[int, list[torch.Tensor]]] = None) -> CheckResult:
         """After timing attempt `attempt` (its seeds): every input set as the changes of the calls made
-        left it, and the outputs of a sample of the timed calls (sample_size of them, drawn now, after
-        the calls) against their references, guard bytes and (CPU, DPS) the copy taken as each call
+        left it, and the outputs of a sample of the timed calls (sample_size of them, drawn after the
+        calls) against their references, guard bytes and (CPU, DPS) the copy taken as each call
         returned; then `kept`, this side's own copies of a secret sample of the calls' outputs taken as
-        they were final (fibray.evaluate.memory.TimedSample: where calls outnumber their buffers)."""
+        they were final (fibray.evaluate.memory.TimedSample: where calls outnumber their buffers).
+        `final` (buffer -> its outputs copied at the timing's end step, fibray.evaluate.memory.final_copies):
+        the sample is those buffers, judged from the copies; without it the sample is drawn now and read
+        from the buffers. Where the executor made fewer calls than planned (an adaptive timing), buffers
+        the copies leave out are drawn to make up the sample, read from the buffers."""
         if result.failure is not None:
             f = result.failure
             return CheckResult(status=Status(f.status), reason=f.reason, message=f"in a timed call: {f.log}")
@@ -371,7 +376,11 @@ class Judge:
                                f"the executor's list of timed calls made leaves out call {missing[0]}, which the "
                                f"supervisor stepped")
         judged = judged_calls(called, len(layout.timed))
-        sample = sorted(secrets.SystemRandom().sample(sorted(judged), sample_size(len(judged))))
+        final = final or {}
+        copied = [b for b in sorted(final) if b in judged]
+        rest = [b for b in sorted(judged) if b not in final]
+        more = max(0, sample_size(len(judged)) - len(copied)) if final else sample_size(len(judged))
+        sample = sorted(copied + secrets.SystemRandom().sample(rest, min(more, len(rest))))
         timed = self._timed(job, state, mem, sets, called, attempt, {judged[b] for b in sample} | set(kept))
         bad = self.unchanged_sets(job, mem, timed.final, "differs from what the changes between timed calls leave")
         if not bad.ok:
@@ -379,7 +388,7 @@ class Judge:
         tol, kind = self.tolerance(job)
         checker, names = checker_for(kind), list(job.definition.outputs)
         intact = mem.guards_intact_many([layout.timed[b] for b in sample])
-        outs = [mem.outputs(layout.timed[b]) for b in sample]
+        outs = [final[b] if b in final else mem.outputs(layout.timed[b]) for b in sample]
         verdicts = _timed_verdicts(checker, outs, [timed.refs[judged[b]] for b in sample], names, tol)
         verdict = CheckResult()
         for b, guarded, out, one in zip(sample, intact, outs, verdicts):  # the first call to fail decides

@@ -578,6 +578,8 @@ class SupervisorSteps:
         """A secret sample of the timed calls' outputs, taken as each call's outputs are final (a DPS call's
         as it returns; a value-returning call's once it is handed over): where the calls outnumber their
         buffers, the calls whose buffers are written again are judged there."""
+        self.final: Optional[dict[int, list[torch.Tensor]]] = None
+        """The judged buffers' copies at the end step (final_copies)."""
         self._made = 0
 
     def calls(self) -> int:
@@ -598,9 +600,23 @@ class SupervisorSteps:
             self.sample.take(i)
 
     def end(self) -> None:
-        """At the end step: the last call is handed over."""
+        """At the end step: the last call is handed over; the final copies (`final`) are taken."""
         if not self.dps and self._made:
             self.sample.take(self._made - 1)
+        self.final = final_copies(self.outs, self._made)
+
+
+def final_copies(outs: list[list[torch.Tensor]], calls: int) -> dict[int, list[torch.Tensor]]:
+    """Timed buffer -> this side's copy of its outputs, for a secret sample (sample_size, drawn now) of
+    the buffers that `calls` timed calls wrote, copied at a timing's end step while the executor waits
+    (fibray.timing.steps): the judge reads these, not the buffers, so what the executor writes into them
+    once it runs on to its reply, outside every clock, is never judged (Judge.check_timed)."""
+    written = range(min(calls, len(outs)))
+    chosen = secrets.SystemRandom().sample(written, sample_size(len(written)))
+    copies = {b: [t.clone() for t in outs[b]] for b in sorted(chosen)}
+    if outs and outs[0] and outs[0][0].is_cuda:
+        torch.cuda.synchronize(outs[0][0].device)  # the copies are made before the executor runs again
+    return copies
 
 
 class TimedSample:

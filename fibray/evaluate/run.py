@@ -226,7 +226,8 @@ def _after_timing(job: Job, judge: Judge, calls, phase: Phases, state: _Workload
     buffer (the recheck) judged; a failed verdict, or None."""
     s, layout = job.settings, mem.layout
     with phase("timing.check"):
-        timed = judge.check_timed(job, state, mem, plan, sets, result, attempt, getattr(calls, "sampled", None))
+        timed = judge.check_timed(job, state, mem, plan, sets, result, attempt, getattr(calls, "sampled", None),
+                                   getattr(calls, "final", None))
     if not timed.ok:
         return judge.failed(job, timed)
     # the timed calls' errors decide, but are not reported: their inputs and sample are drawn at random

@@ -15,7 +15,7 @@ from typing import Callable, Optional
 from fibray import deadlines
 from fibray.compile import BuildError
 from fibray.evaluate.candidate import CandidateFailure, TimeResult, TimingPlan, TrialOutput
-from fibray.evaluate.memory import KeptRegion, Layout, Region, SupervisorSteps
+from fibray.evaluate.memory import KeptRegion, Layout, Region, SupervisorSteps, final_copies, outputs_of
 from fibray.evaluate.phases import Phases
 from fibray.evaluate.run import CandidateCallFailed, Judge, SideFault, timing_of
 from fibray.schema import EvaluationStatus, Job
@@ -67,6 +67,9 @@ class RemoteCalls:
         """The last timing's executor CPU from its end step until its reply was in, ms (_Stepper)."""
         self.sampled: Optional[dict[int, list[torch.Tensor]]] = None
         """The last timing's secret sample of timed calls' outputs, this side's copies (TimedSample)."""
+        self.final: Optional[dict[int, list[torch.Tensor]]] = None
+        """The last stepped timing's copies of a secret sample of the judged calls' outputs, taken at its end
+        step (SupervisorSteps.final): the outputs judged, whatever the executor wrote after."""
         self.supervisor_s = 0.0
         """The last timing's seconds of this side's own work between steps, the executor blocked (_Stepper)."""
         self._mapped: Optional[tuple[Layout, Region]] = None
@@ -205,16 +208,26 @@ class RemoteCalls:
         """The timing request; on a CPU slot that accounts the executor's CPU (step_clock), with this
         side's own reading around every timed call (`observed`, fibray.timing.steps), of the executor's
         CPU after each call (`between`) and from its end step to its reply (`reply_ms`), the input changes
-        made here (SupervisorSteps: the executor gets no seeds). The executor is left stopped once its
-        reply is in, until its next request (_hold)."""
-        self.observed = self.between = self.reply_ms = self.sampled = None
+        made here (SupervisorSteps: the executor gets no seeds), and the judged outputs copied at its end
+        step (`final`). The executor is left stopped once its reply is in, until its next request (_hold)."""
+        self.observed = self.between = self.reply_ms = self.sampled = self.final = None
         self.supervisor_s = 0.0
+        if self._mapped is None:
+            raise RuntimeError("a timing needs the job's region attached first")
         if self.step_clock is None:
-            reply = self._timing_request(Request(Op.TIME, job, seeds=seeds))
-            self._hold()
+            ender = _EndStep(self.ex.conn, [outputs_of(self._mapped[1], self._mapped[0].outputs[k])
+                                            for k in self._mapped[0].timed], len(seeds), self._stop_now)
+            try:
+                reply = self._timing_request(Request(Op.TIME, job, seeds=seeds, end_step=True), fds=ender.theirs,
+                                             during=ender.run)
+                self._hold()
+            finally:
+                ender.close()
+            if ender.out_of_order is not None:
+                raise BoundBroken(Reason.BAD_TIMING_REPORT, f"the executor's end step was out of order: "
+                                                            f"{ender.out_of_order}")
+            self.final, self.supervisor_s = ender.final, ender.own_s
         else:
-            if self._mapped is None:
-                raise RuntimeError("a stepped timing needs the job's region attached first")
             stepper = _Stepper(self.ex.conn, self.step_clock, SupervisorSteps(*self._mapped, seeds))
             try:
                 reply = self._timing_request(Request(Op.TIME, job, seeds=[], step=True), fds=stepper.theirs,
@@ -230,13 +243,17 @@ class RemoteCalls:
                 raise BoundBroken(Reason.BAD_TIMING_REPORT, f"the executor's steps around its timed calls were out of "
                                                             f"order: {stepper.out_of_order}")
             self.observed, self.between, self.supervisor_s = stepper.readings, stepper.between, stepper.own_s
-            self.reply_ms, self.sampled = stepper.reply_ms, stepper.work.sample.kept
+            self.reply_ms, self.sampled, self.final = stepper.reply_ms, stepper.work.sample.kept, stepper.work.final
         result = self._expect(reply, TimeResult)
-        if self.step_clock is not None and result.failure is None and self.reply_ms is None:
+        if result.failure is None and self.final is None:
             raise BoundBroken(Reason.BAD_TIMING_REPORT, "the executor's timing reply came without its end step after "
                                                         "its last timed call's hand-over")
         left = self._after_call()
         return result if result.failure is not None or left is None else TimeResult(failure=left)
+
+    def _stop_now(self) -> Callable[[], None]:
+        """Stop the executor (Quiet.hold) and return what continues it; without a Quiet, nothing."""
+        return self.quiet.hold(self.ex) if self.quiet is not None else (lambda: None)
 
     def _hold(self) -> None:
         """Stop the executor once its timing reply is in, until its next request (resume): the supervisor
@@ -255,19 +272,100 @@ class RemoteCalls:
         return reply
 
 
-class _Stepper:
-    """This side of a stepped timing (fibray.timing.steps): its clocks read around every timed call,
-    the executor blocked at both ends, and its own work between calls (`work`: the input change before
-    a call, a DPS call's snapshot after it) done while the executor waits. `theirs` are the executor's
-    ends of the two pipes, sent with the request and closed here once sent (so that an executor gone
-    shows as the end of its pipe)."""
+class _StepPipes:
+    """This side of a timing's step pipes (fibray.timing.steps). `theirs` are the executor's ends of the
+    two pipes, sent with the request and closed here once sent (so that an executor gone shows as the
+    end of its pipe)."""
 
-    def __init__(self, conn, clock: StepClock, work: SupervisorSteps) -> None:
-        self.conn, self.clock, self.work = conn, clock, work
+    def __init__(self, conn) -> None:
+        self.conn = conn
         to_ex, from_ex = os.pipe(), os.pipe()
         self.to_ex: Optional[int] = to_ex[1]
         self.from_ex: Optional[int] = from_ex[0]
         self.theirs = [to_ex[0], from_ex[1]]
+        self.own_s = 0.0
+        """Seconds of this side's own work between steps, the executor blocked all along: not the
+        candidate's, and slow on a loaded host."""
+        self.out_of_order: Optional[str] = None
+
+    def _say(self, byte: bytes) -> bool:
+        if self.to_ex is None:
+            return False
+        try:
+            os.write(self.to_ex, byte)
+            return True
+        except OSError:  # the executor closed its end: its reply, or its exit, is on the channel
+            return False
+
+    def _next(self, deadline: float) -> Optional[bytes]:
+        """The executor's next step byte; None once its reply (or its end) is there instead: the timing
+        ended, or a call failed, and the reply says how."""
+        ready = wait([self.from_ex, self.conn], timeout=max(0.0, deadline - time.monotonic()))
+        if not ready:
+            raise DeadlineExceeded()
+        if self.from_ex not in ready:
+            return None
+        got = os.read(self.from_ex, 1)
+        return got or None
+
+    def _bad(self, what: str) -> None:
+        self.out_of_order = what
+        os.close(self.to_ex)  # its next step fails, and so its timing
+        self.to_ex = None
+
+    def _close_theirs(self) -> None:
+        while self.theirs:
+            os.close(self.theirs.pop())
+
+    def close(self) -> None:
+        self._close_theirs()
+        for name in ("to_ex", "from_ex"):
+            fd = getattr(self, name)
+            if fd is not None:
+                os.close(fd)
+                setattr(self, name, None)
+
+
+class _EndStep(_StepPipes):
+    """This side of a timing not stepped call by call (a GPU slot, or a CPU slot that cannot account
+    its executor's CPU): its one end step, once the executor's calls are over, handed over and (on a
+    GPU) synchronised. There the executor is stopped (`stop`, Quiet.hold: none of its threads launches
+    or writes anything meanwhile) while a secret sample of the timed buffers is copied (final_copies),
+    the outputs judged: what it writes into its buffers once it runs on to its reply is never judged."""
+
+    def __init__(self, conn, outs: list[list[torch.Tensor]], calls: int, stop: Callable[[], Callable[[], None]]) -> None:
+        super().__init__(conn)
+        self.outs, self.calls, self.stop = outs, calls, stop
+        self.final: Optional[dict[int, list[torch.Tensor]]] = None
+
+    def run(self, deadline: float) -> None:
+        self._close_theirs()
+        if not self._say(steps.BOOKKEEP):
+            return
+        got = self._next(deadline)
+        if got is None:  # its reply, or its end: a call failed (the reply says how)
+            return
+        if got != steps.END:
+            return self._bad(f"{got!r} where {steps.END!r} was due")
+        t0 = time.perf_counter()
+        resume = self.stop()
+        try:
+            self.final = final_copies(self.outs, self.calls)
+        finally:
+            resume()
+        self.own_s += time.perf_counter() - t0
+        self._say(steps.BOOKKEEP)
+
+
+class _Stepper(_StepPipes):
+    """This side of a stepped timing (fibray.timing.steps): its clocks read around every timed call,
+    the executor blocked at both ends, and its own work between calls (`work`: the input change before
+    a call, a DPS call's snapshot after it; the judged outputs' copies at the end step) done while the
+    executor waits."""
+
+    def __init__(self, conn, clock: StepClock, work: SupervisorSteps) -> None:
+        super().__init__(conn)
+        self.clock, self.work = clock, work
         self.readings: list[float] = []
         """Per timed call, ms (StepClock.reading_ms)."""
         self.between: list[float] = []
@@ -278,10 +376,6 @@ class _Stepper:
         """The reading at the executor's end step (None: it made none)."""
         self.reply_ms: Optional[float] = None
         """The executor's CPU from its end step until its reply was in, ms."""
-        self.own_s = 0.0
-        """Seconds of this side's own work between steps (its clock readings, the input changes, the
-        snapshots), the executor blocked all along: not the candidate's, and slow on a loaded host."""
-        self.out_of_order: Optional[str] = None
 
     def run(self, deadline: float) -> None:
         """Step the executor through its timed calls and its end step, until its reply is on the channel."""
@@ -329,43 +423,6 @@ class _Stepper:
         """The reply is in: the executor's CPU since its end step (reply_ms)."""
         if self.ended is not None:
             self.reply_ms = StepClock.cpu_ms(self.ended, self.clock.read())
-
-    def _say(self, byte: bytes) -> bool:
-        if self.to_ex is None:
-            return False
-        try:
-            os.write(self.to_ex, byte)
-            return True
-        except OSError:  # the executor closed its end: its reply, or its exit, is on the channel
-            return False
-
-    def _next(self, deadline: float) -> Optional[bytes]:
-        """The executor's next step byte; None once its reply (or its end) is there instead: the timing
-        ended, or a call failed, and the reply says how."""
-        ready = wait([self.from_ex, self.conn], timeout=max(0.0, deadline - time.monotonic()))
-        if not ready:
-            raise DeadlineExceeded()
-        if self.from_ex not in ready:
-            return None
-        got = os.read(self.from_ex, 1)
-        return got or None
-
-    def _bad(self, what: str) -> None:
-        self.out_of_order = what
-        os.close(self.to_ex)  # its next step fails, and so its timing
-        self.to_ex = None
-
-    def _close_theirs(self) -> None:
-        while self.theirs:
-            os.close(self.theirs.pop())
-
-    def close(self) -> None:
-        self._close_theirs()
-        for name in ("to_ex", "from_ex"):
-            fd = getattr(self, name)
-            if fd is not None:
-                os.close(fd)
-                setattr(self, name, None)
 
 
 def answer(ex: sandbox.Executor, deadline: float, quiet: Optional[Quiet], slack: float = 0.0) -> Reply:

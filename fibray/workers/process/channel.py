@@ -94,6 +94,9 @@ class Request(BaseModel):
     step: bool = False
     """With TIME: two pipe descriptors follow, for the supervisor to clock every timed call
     (fibray.timing.steps)."""
+    end_step: bool = False
+    """With TIME: two pipe descriptors follow, for the end step alone, once the calls are over (a timing
+    not stepped call by call: the supervisor copies the outputs it judges there)."""
 
     def __init__(self, op: Op | str, job: Optional[Job] = None, trial: int = 0, **kw: Any) -> None:
         super().__init__(op=op, job=job, trial=trial, **kw)

@@ -120,9 +120,9 @@ def main(argv: list[str] | None = None) -> None:
                 runner.prepare_time(req.job, req.timing)
                 reply = Reply(True)
             elif req.op == Op.TIME:
-                step = StepPipe(*recv_fds(conn, 2)) if req.step else None
+                step = StepPipe(*recv_fds(conn, 2)) if req.step or req.end_step else None
                 try:
-                    reply = Reply(True, runner.time(req.job, req.seeds or [], step))
+                    reply = Reply(True, runner.time(req.job, req.seeds or [], step, end_only=req.end_step))
                 finally:
                     if step is not None:
                         step.close()
