@@ -16,6 +16,11 @@ after it: after the last call the executor waits for one more b"b", makes the la
 executor blocked once its calls and their hand-overs are over; it reads them again once the reply is
 in, and what the executor spent between the two beyond an honest reply counts as the calls' too. A
 timing reply with no b"e" before it is a bad report.
+
+At the end step, while the executor waits, the supervisor copies a secret sample of the output buffers
+it judges (fibray.evaluate.memory.final_copies): what the executor writes into them once it runs on, to
+its reply and after, is never judged. A timing not stepped call by call (a GPU slot) makes that end step
+alone, once its calls are over and the device synchronised, and is stopped while the copies are made.
 """
 
 from __future__ import annotations
