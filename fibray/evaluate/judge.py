@@ -379,8 +379,8 @@ class Judge:
         final = final or {}
         copied = [b for b in sorted(final) if b in judged]
         rest = [b for b in sorted(judged) if b not in final]
-        more = max(0, sample_size(len(judged)) - len(copied)) if final else sample_size(len(judged))
-        sample = sorted(copied + secrets.SystemRandom().sample(rest, min(more, len(rest))))
+        more = min(len(rest), max(0, sample_size(len(judged)) - len(copied)))
+        sample = sorted(copied + secrets.SystemRandom().sample(rest, more))
         timed = self._timed(job, state, mem, sets, called, attempt, {judged[b] for b in sample} | set(kept))
         bad = self.unchanged_sets(job, mem, timed.final, "differs from what the changes between timed calls leave")
         if not bad.ok:

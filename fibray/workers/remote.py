@@ -68,8 +68,8 @@ class RemoteCalls:
         self.sampled: Optional[dict[int, list[torch.Tensor]]] = None
         """The last timing's secret sample of timed calls' outputs, this side's copies (TimedSample)."""
         self.final: Optional[dict[int, list[torch.Tensor]]] = None
-        """The last stepped timing's copies of a secret sample of the judged calls' outputs, taken at its end
-        step (SupervisorSteps.final): the outputs judged, whatever the executor wrote after."""
+        """The last timing's copies of a secret sample of its judged buffers, taken at its end step
+        (final_copies): the outputs judged, whatever the executor wrote after."""
         self.supervisor_s = 0.0
         """The last timing's seconds of this side's own work between steps, the executor blocked (_Stepper)."""
         self._mapped: Optional[tuple[Layout, Region]] = None
@@ -215,35 +215,29 @@ class RemoteCalls:
         if self._mapped is None:
             raise RuntimeError("a timing needs the job's region attached first")
         if self.step_clock is None:
-            ender = _EndStep(self.ex.conn, [outputs_of(self._mapped[1], self._mapped[0].outputs[k])
-                                            for k in self._mapped[0].timed], len(seeds), self._stop_now)
-            try:
-                reply = self._timing_request(Request(Op.TIME, job, seeds=seeds, end_step=True), fds=ender.theirs,
-                                             during=ender.run)
-                self._hold()
-            finally:
-                ender.close()
-            if ender.out_of_order is not None:
-                raise BoundBroken(Reason.BAD_TIMING_REPORT, f"the executor's end step was out of order: "
-                                                            f"{ender.out_of_order}")
-            self.final, self.supervisor_s = ender.final, ender.own_s
+            layout, region = self._mapped
+            pipes = _EndStep(self.ex.conn, [outputs_of(region, layout.outputs[k]) for k in layout.timed], len(seeds),
+                             self._stop_now)
+            req = Request(Op.TIME, job, seeds=seeds, end_step=True)
         else:
-            stepper = _Stepper(self.ex.conn, self.step_clock, SupervisorSteps(*self._mapped, seeds))
-            try:
-                reply = self._timing_request(Request(Op.TIME, job, seeds=[], step=True), fds=stepper.theirs,
-                                             during=stepper.run)
-                self._hold()
-                stepper.reply_read()
-            except CandidateCallFailed:
-                if stepper.out_of_order is None:
-                    raise
-            finally:
-                stepper.close()
-            if stepper.out_of_order is not None:
-                raise BoundBroken(Reason.BAD_TIMING_REPORT, f"the executor's steps around its timed calls were out of "
-                                                            f"order: {stepper.out_of_order}")
-            self.observed, self.between, self.supervisor_s = stepper.readings, stepper.between, stepper.own_s
-            self.reply_ms, self.sampled, self.final = stepper.reply_ms, stepper.work.sample.kept, stepper.work.final
+            pipes = _Stepper(self.ex.conn, self.step_clock, SupervisorSteps(*self._mapped, seeds))
+            req = Request(Op.TIME, job, seeds=[], step=True)
+        try:
+            reply = self._timing_request(req, fds=pipes.theirs, during=pipes.run)
+            self._hold()
+            pipes.reply_read()
+        except CandidateCallFailed:
+            if pipes.out_of_order is None:
+                raise
+        finally:
+            pipes.close()
+        if pipes.out_of_order is not None:
+            raise BoundBroken(Reason.BAD_TIMING_REPORT, f"the executor's steps around its timed calls were out of "
+                                                        f"order: {pipes.out_of_order}")
+        self.final, self.supervisor_s = pipes.final, pipes.own_s
+        if isinstance(pipes, _Stepper):
+            self.observed, self.between = pipes.readings, pipes.between
+            self.reply_ms, self.sampled = pipes.reply_ms, pipes.work.sample.kept
         result = self._expect(reply, TimeResult)
         if result.failure is None and self.final is None:
             raise BoundBroken(Reason.BAD_TIMING_REPORT, "the executor's timing reply came without its end step after "
@@ -257,10 +251,9 @@ class RemoteCalls:
 
     def _hold(self) -> None:
         """Stop the executor once its timing reply is in, until its next request (resume): the supervisor
-        then reads the timed calls' outputs with nothing of the candidate's running (work it does once its
-        reply is sent, racing those reads, waits), and, on a stepped timing, its CPU clock after the reply."""
-        if self.quiet is not None:
-            self._held = self.quiet.hold(self.ex)
+        then reads what else the timing left (guards, input sets) with nothing of the candidate's running,
+        and, on a stepped timing, its CPU clock after the reply."""
+        self._held = self._stop_now()
 
     def _timing_request(self, req: Request, fds: Optional[list[int]] = None,
                         during: Optional[Callable[[float], None]] = None) -> Reply:
@@ -337,6 +330,9 @@ class _EndStep(_StepPipes):
         super().__init__(conn)
         self.outs, self.calls, self.stop = outs, calls, stop
         self.final: Optional[dict[int, list[torch.Tensor]]] = None
+
+    def reply_read(self) -> None:
+        """Nothing is clocked here once the reply is in."""
 
     def run(self, deadline: float) -> None:
         self._close_theirs()
@@ -418,6 +414,10 @@ class _Stepper(_StepPipes):
             self.readings.append(self.clock.reading_ms(before, after))
             self.work.after(i)
             self.own_s += time.perf_counter() - t0
+
+    @property
+    def final(self) -> Optional[dict[int, list[torch.Tensor]]]:
+        return self.work.final
 
     def reply_read(self) -> None:
         """The reply is in: the executor's CPU since its end step (reply_ms)."""
