@@ -11,8 +11,12 @@ import sys
 import tempfile
 from pathlib import Path
 
+from types import SimpleNamespace
+
 import pytest
 import torch
+
+import fibray.evaluate.memory as memory
 
 from fibray.evaluate.memory import (
     FLIP_WEIGHT, GUARD_BYTES, GUARD_PATTERN, HostRegion, InputChanges, JobMemory, TimedSample, judged_calls,
@@ -84,7 +88,30 @@ def test_a_gpus_timed_buffers_take_an_eighth_of_its_memory_a_quarter_of_what_is_
     for (free, total), want in [((79 * gib, 80 * gib), 10 * gib), ((139 * gib, 141 * gib), 16 * gib),
                                 ((20 * gib, 80 * gib), 5 * gib), ((2 * gib, 80 * gib), gib)]:
         monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None, _f=free, _t=total: (_f, _t))
+        memory._MEMORY_INFO.clear()  # the driver's last answer stands for FREE_MEMORY_TTL_S
         assert timed_output_bytes(torch.device("cuda", 0)) == want, (free, total)
+
+
+def test_a_gpus_free_memory_is_asked_of_the_driver_at_most_once_a_second(monkeypatch):
+    """cudaMemGetInfo took 3.7 ms a call on an H100 (benchmarks/RESULTS.md, section 33), asked every job: its
+    answer now stands for FREE_MEMORY_TTL_S, per device, and a later question asks the driver again."""
+    gib, asked, clock = 1 << 30, [], [100.0]
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: asked.append(device) or (20 * gib, 80 * gib))
+    monkeypatch.setattr(memory, "time", SimpleNamespace(monotonic=lambda: clock[0]))
+    memory._MEMORY_INFO.clear()
+    for _ in range(5):
+        assert timed_output_bytes(torch.device("cuda", 0)) == 5 * gib
+    assert asked == [0]
+    timed_output_bytes(torch.device("cuda", 1))
+    assert asked == [0, 1]  # per device
+    clock[0] += memory.FREE_MEMORY_TTL_S / 2
+    timed_output_bytes(torch.device("cuda", 0))
+    assert asked == [0, 1]
+    clock[0] += memory.FREE_MEMORY_TTL_S
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: asked.append(device) or (2 * gib, 80 * gib))
+    assert timed_output_bytes(torch.device("cuda", 0)) == gib  # asked again: less is free now
+    assert asked == [0, 1, 0]
+    memory._MEMORY_INFO.clear()
 
 
 def test_timed_buffers_rotate_and_the_last_writer_is_judged():
@@ -272,7 +299,6 @@ def test_flip_masks_kept_for_a_workloads_sets_make_the_changes_made_without_them
     """The supervisor keeps each set's flip mask per workload (Judge._timed): a fresh copy of the same
     sets changed with the kept masks ends byte for byte where one whose masks are made anew ends, and
     no mask is made twice."""
-    import fibray.evaluate.memory as memory
     from fibray.evaluate.memory import args_of, inputs_copy
 
     torch.manual_seed(3)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import torch
 
+import fibray.evaluate.memory as memory
 from fibray.evaluate.environment import environment
 from fibray.evaluate.judge import Judge, _nbytes
 from fibray.evaluate.memory import WORKLOAD_CACHE_BYTES, workload_cache_bytes
@@ -85,6 +86,7 @@ def test_a_gpus_workload_cache_takes_an_eighth_of_its_memory_a_quarter_of_what_i
     for (free, total), want in [((79 * gib, 80 * gib), 10 * gib), ((139 * gib, 141 * gib), 16 * gib),
                                 ((20 * gib, 80 * gib), 5 * gib), ((4 * gib, 80 * gib), 2 * gib)]:
         monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None, _f=free, _t=total: (_f, _t))
+        memory._MEMORY_INFO.clear()  # the driver's last answer stands for FREE_MEMORY_TTL_S
         assert workload_cache_bytes(torch.device("cuda", 0)) == want, (free, total)
 
 

@@ -12,6 +12,7 @@ import math
 import mmap
 import os
 import secrets
+import time
 from typing import Any, Callable, Optional, Protocol
 
 import torch
@@ -186,8 +187,23 @@ def _device_share(device: torch.device, least: int, most: int, share: int) -> in
     now, but never less than `least`."""
     if device.type != "cuda":
         return least
-    free, total = torch.cuda.mem_get_info(device)
+    free, total = _memory_info(device)
     return max(least, min(most, total // share, free // 4))
+
+
+FREE_MEMORY_TTL_S = 1.0
+"""How long a device's free memory, as last asked, stands for it (cudaMemGetInfo takes milliseconds)."""
+_MEMORY_INFO: dict[int, tuple[float, tuple[int, int]]] = {}
+
+
+def _memory_info(device: torch.device) -> tuple[int, int]:
+    """(free, total) bytes of a GPU, asked of the driver at most once per FREE_MEMORY_TTL_S."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    now = time.monotonic()
+    known = _MEMORY_INFO.get(index)
+    if known is None or now - known[0] > FREE_MEMORY_TTL_S:
+        known = _MEMORY_INFO[index] = (now, torch.cuda.mem_get_info(index))
+    return known[1]
 
 
 def workload_cache_bytes(device: torch.device) -> int:
