@@ -4,6 +4,7 @@ the guard bytes of many output sets read at once must say what each set's own re
 
 from __future__ import annotations
 
+import functools
 import math
 import random
 
@@ -12,6 +13,8 @@ import torch
 
 from fibray.check import Tolerance, checker_for, judge_calls
 from fibray.check import base as check_base
+from fibray.check import elementwise
+from fibray.check.fused import BLOCK, STEPS, fused_rows
 from fibray.evaluate.memory import HostRegion, JobMemory, plan_layout
 from fibray.schema.reasons import Reason
 
@@ -93,10 +96,14 @@ def _calls(seed: int, n: int = 40):
     return calls, refs
 
 
-@pytest.mark.parametrize("kind,required", [("elementwise", 1.0), ("matched_ratio", 0.9)])
+# fused: the GPU's Triton kernel (interpreted here; the two checkers share it, so one of them) or torch
+@pytest.mark.parametrize("kind,required,fused", [("elementwise", 1.0, False), ("matched_ratio", 0.9, False),
+                                                 ("elementwise", 1.0, True)])
 @pytest.mark.parametrize("batch", [1 << 24, 40])  # 40 elements: a few calls per batch, and a remainder
-def test_each_call_of_a_batch_gets_the_verdict_of_the_elementwise_rule_on_its_own(monkeypatch, kind, required, batch):
+def test_each_call_of_a_batch_gets_the_verdict_of_the_elementwise_rule_on_its_own(monkeypatch, kind, required, batch,
+                                                                                   fused):
     monkeypatch.setattr(check_base, "BATCH_ELEMENTS", batch)
+    monkeypatch.setattr(elementwise, "output_stats", functools.partial(check_base.output_stats, fused=fused))
     names = ["y", "z"]
     seen = set()
     for seed in range(5):
@@ -118,6 +125,44 @@ def test_each_call_of_a_batch_gets_the_verdict_of_the_elementwise_rule_on_its_ow
     # every kind of verdict came up, so the rule was compared on each
     assert {None, Reason.NON_FINITE_OUTPUT, Reason.WRONG_SHAPE, Reason.WRONG_DTYPE, Reason.NOT_A_TENSOR} <= seen
     assert Reason.TOLERANCE_EXCEEDED in seen
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32, torch.float64, torch.int32, torch.uint8])
+def test_the_fused_kernel_gives_the_torch_paths_figures_to_the_bit(dtype):
+    """fibray.check.fused (a GPU's check) against output_stats' torch path: the same counts and maxima,
+    bit for bit, over rows that span several of the kernel's programs, with values on either side of
+    the tolerance's edge and every non-finite case (Triton's interpreter here: IEEE arithmetic, as the
+    kernel asks of the GPU with no fused multiply-add and correctly rounded division)."""
+    g = torch.Generator().manual_seed(7)
+    n = 2 * BLOCK * STEPS + 37  # three spans a row, the last one short
+    refs, outs = [], []
+    for i in range(6):
+        if dtype.is_floating_point:
+            r = (torch.randn(n, generator=g) * 10 ** (i - 2)).to(dtype)
+            edge = (r.float() + (TOL.atol + TOL.rtol * r.float().abs()) * (1 + (torch.rand(n, generator=g) - 0.5) * 1e-3))
+            o = torch.where(torch.rand(n, generator=g) < 0.5, edge, r.float() + torch.randn(n, generator=g) * 1e-3).to(dtype)
+            if i % 2:
+                for k, (a, b) in enumerate([(math.nan, 1.0), (math.inf, 1.0), (-math.inf, -math.inf), (math.nan, math.nan),
+                                            (1.0, math.inf), (2.0, math.nan), (math.inf, -math.inf)]):
+                    o[k * 1000 + i], r[k * 1000 + i] = a, b
+        else:
+            r = torch.randint(0, 100, (n,), generator=g).to(dtype)
+            o = (r + torch.randint(0, 2, (n,), generator=g).to(dtype)) if i % 2 else r.clone()
+        refs.append(r)
+        outs.append(o)
+    wide = check_base._wide(dtype, dtype)
+    got = fused_rows(outs, refs, wide, TOL.atol, TOL.rtol, shape=(BLOCK, STEPS))  # a GPU's geometry
+    want = check_base._torch_rows(outs, refs, wide, dtype.is_floating_point, TOL)
+    assert got is not None and got.dtype == want.dtype == torch.float64
+    assert torch.equal(got.isnan(), want.isnan()) and torch.equal(got.nan_to_num(), want.nan_to_num()), (got, want)
+    assert 0 < want[:, 4].min() < n  # some elements on each side of the edge: the count was compared where it matters
+
+
+def test_outputs_the_fused_kernel_does_not_read_take_the_torch_path():
+    flags = [torch.tensor([True, False, True])]
+    assert fused_rows(flags, flags, torch.float64, 0.0, 0.0) is None
+    got = check_base.output_stats(flags, [torch.tensor([True, True, True])], TOL, fused=True)
+    assert got[0].matched_ratio == 2 / 3 and got[0].max_abs == 1.0
 
 
 def test_empty_and_integer_outputs_are_judged_as_one_call_at_a_time():
