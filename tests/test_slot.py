@@ -51,7 +51,7 @@ def test_healthy_executor_serves_many_jobs_without_replacement(slot):
     assert slot.counters == before
 
 
-def test_descendants_walks_the_same_tree_as_a_full_process_scan(monkeypatch):
+def test_descendants_and_children_walk_the_same_tree_as_a_full_process_scan(monkeypatch):
     import subprocess
 
     from fibray.workers.process import sandbox
@@ -61,10 +61,12 @@ def test_descendants_walks_the_same_tree_as_a_full_process_scan(monkeypatch):
         deadline = time.monotonic() + 10
         while len(sandbox.descendants(proc.pid)) < 3 and time.monotonic() < deadline:
             time.sleep(0.05)
-        walked = sandbox.descendants(proc.pid)
+        walked, direct = sandbox.descendants(proc.pid), sandbox.children(proc.pid)
         monkeypatch.setattr(sandbox, "_HAS_CHILDREN_FILES", False)
         scanned = sandbox.descendants(proc.pid)
         assert len(walked) == 3 and sorted(walked) == sorted(scanned)
+        # the stray reap's view: bash's own two children (a sleep, a subshell), not the subshell's sleep
+        assert len(direct) == 2 and sorted(direct) == sorted(sandbox.children(proc.pid))
     finally:
         sandbox.kill_tree(proc.pid, None)
         proc.wait()

@@ -461,6 +461,29 @@ def _children(pid: int) -> list[int]:
 _HAS_CHILDREN_FILES = os.path.exists(f"/proc/{os.getpid()}/task/{os.getpid()}/children")
 
 
+def children(pid: int) -> list[int]:
+    """Direct children of pid: from the kernel's per-thread lists where it keeps them, else by every
+    process's parent. (A stray reap needs no more: descendants() reads the list of every thread of every
+    executor below, some 300 files a job on a GPU slot.)"""
+    if _HAS_CHILDREN_FILES:
+        return _children(pid)
+    return _parents().get(pid, [])
+
+
+def _parents() -> dict[int, list[int]]:
+    """Parent pid -> its children's pids, from every process's /proc/<pid>/stat."""
+    out: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            ppid, _ = _stat(int(entry))
+        except (OSError, ValueError, IndexError):
+            continue
+        out.setdefault(ppid, []).append(int(entry))
+    return out
+
+
 def descendants(pid: int) -> list[int]:
     """Every live process below pid (via /proc), children first. Walks the tree from pid where
     the kernel lists children per thread; otherwise scans every process's parent."""
@@ -471,18 +494,10 @@ def descendants(pid: int) -> list[int]:
                 out.append(child)
                 todo.append(child)
         return out
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            ppid, _ = _stat(int(entry))
-        except (OSError, ValueError, IndexError):
-            continue
-        children.setdefault(ppid, []).append(int(entry))
+    below = _parents()
     out, todo = [], [pid]
     while todo:
-        for child in children.get(todo.pop(), []):
+        for child in below.get(todo.pop(), []):
             out.append(child)
             todo.append(child)
     return out
@@ -570,7 +585,7 @@ def reap_strays(keep: set[int], candidates_run_as_others: bool = False, spare_ui
     being retired: its uid's release kills it) is spared too."""
     me, killed = os.getpid(), []
     ours = os.getuid()
-    for child in descendants(me):
+    for child in children(me):  # a stray re-parents to this process: its own subtree goes with it (kill_tree)
         try:
             ppid, state = _stat(child)
             uids = process_uids(child)[1] if candidates_run_as_others or spare_uids else ()
