@@ -128,7 +128,10 @@ WRAPPED = [
     "fibray.workers.remote:RemoteCalls.prepare_time", "fibray.workers.remote:RemoteCalls.time", "fibray.workers.remote:RemoteCalls.recheck",
     "fibray.workers.remote:RemoteCalls.resume", "fibray.workers.slot:GpuSlot._reap_strays", "fibray.workers.slot:GpuSlot._healthy",
     "fibray.workers.slot:GpuSlot._run", "fibray.workers.slot:GpuSlot._take_persistent", "fibray.workers.slot:GpuSlot._alone",
-    "fibray.workers.slot:GpuSlot._gpu_to_itself",
+    "fibray.workers.slot:GpuSlot._gpu_to_itself", "fibray.workers.slot:GpuSlot.evaluate", "fibray.workers.slot:GpuSlot._evaluate",
+    "fibray.workers.slot:GpuSlot._give_back", "fibray.workers.slot:GpuSlot._discard", "fibray.workers.slot:GpuSlot._left_behind",
+    "fibray.workers.slot:GpuSlot._overhead_for", "fibray.evaluate.run:run_job", "fibray.evaluate.judge:Judge.fail",
+    "fibray.evaluate.judge:Judge.failed",
 ]
 """module:qualname of the supervisor's functions that --wrap clocks."""
 
