@@ -24,7 +24,7 @@ def main() -> int:
     import torch
 
     from fibray.check import base
-    from fibray.check.fused import fused_rows, warm
+    from fibray.check.fused import fused_rows, warm, wide_type
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--calls", type=int, default=52)
@@ -48,7 +48,7 @@ def main() -> int:
         refs = [torch.randn(shape, device=dev).to(dtype) for _ in range(calls)]
         outs = [(r.float() + torch.randn(shape, device=dev) * 0.003).to(dtype) for r in refs]
         outs[0].view(-1)[7] = float("nan")
-        wide = base._wide(dtype, dtype)
+        wide = wide_type(dtype)
         walls = {}
         tables = {}
         for name, fn in [("torch", lambda: base._torch_rows(outs, refs, wide, True, tol)),

@@ -14,7 +14,7 @@ import torch
 from fibray.check import Tolerance, checker_for, judge_calls
 from fibray.check import base as check_base
 from fibray.check import elementwise
-from fibray.check.fused import BLOCK, STEPS, fused_rows
+from fibray.check.fused import BLOCK, STEPS, fused_rows, wide_type
 from fibray.evaluate.memory import HostRegion, JobMemory, plan_layout
 from fibray.schema.reasons import Reason
 
@@ -152,7 +152,7 @@ def test_the_fused_kernel_gives_the_torch_paths_figures_to_the_bit(dtype):
             o = (r + torch.randint(0, 2, (n,), generator=g).to(dtype)) if i % 2 else r.clone()
         refs.append(r)
         outs.append(o)
-    wide = check_base._wide(dtype, dtype)
+    wide = wide_type(dtype)
     got = fused_rows(outs, refs, wide, TOL.atol, TOL.rtol, shape=(BLOCK, STEPS))  # a GPU's geometry
     want = check_base._torch_rows(outs, refs, wide, dtype.is_floating_point, TOL)
     assert got is not None and got.dtype == want.dtype == torch.float64

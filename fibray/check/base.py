@@ -11,7 +11,7 @@ from typing import Any, Callable, Optional, Protocol
 
 import torch
 
-from fibray.check.fused import fused_rows
+from fibray.check.fused import fused_rows, wide_type
 from fibray.schema import EvaluationStatus
 from fibray.schema.reasons import Reason
 
@@ -135,14 +135,6 @@ class OutputStats:
     matched_ratio: float
 
 
-def _wide(*dtypes: torch.dtype) -> torch.dtype:
-    """Where outputs and references are compared: float32 holds every value of a floating-point type of 16
-    bits or fewer exactly (and their differences to 2**-24 of the larger), at half float64's traffic, which
-    a GPU's check of a timed sample of 128 MiB outputs is bound by; float64 for the rest."""
-    narrow = all(d.is_floating_point and d.itemsize <= 2 for d in dtypes)
-    return torch.float32 if narrow else torch.float64
-
-
 def _rows(tensors: list[torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
     """[len(tensors), elements] in `dtype`, each tensor copied in once (a stack, then a conversion, was two)."""
     rows = torch.empty((len(tensors), tensors[0].numel()), dtype=dtype, device=tensors[0].device)
@@ -162,7 +154,7 @@ def output_stats(outs: list[torch.Tensor], refs: list[torch.Tensor], tol: Tolera
     if n == 0:
         return [OutputStats(0, 0, 0.0, 0.0, 1.0) for _ in outs]
     floating, per = outs[0].dtype.is_floating_point, max(1, BATCH_ELEMENTS // n)
-    wide = _wide(outs[0].dtype, refs[0].dtype)
+    wide = wide_type(outs[0].dtype, refs[0].dtype)
     fused = outs[0].device.type == "cuda" if fused is None else fused
     stats: list[OutputStats] = []
     for lo in range(0, len(outs), per):

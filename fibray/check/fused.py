@@ -5,10 +5,9 @@
 is bound by that traffic (on an H100, 48 ms a PASSED job over the core set; this kernel is 3.4-4.9x
 faster, benchmarks/RESULTS.md, section 35). Here one Triton kernel reads each output and its reference
 once, in their own dtypes, and writes a handful of partial sums and maxima per span of a row; torch
-folds those. The arithmetic
-is the same as the torch path's, operation by operation, in the same wide type (float32 for types of
-16 bits or fewer, float64 otherwise), with no fused multiply-add and correctly rounded division, so
-the two give the same figures (tests/test_check_batch.py, under Triton's interpreter;
+folds those. The arithmetic is the same as the torch path's, operation by operation, in the same wide
+type (wide_type), with no fused multiply-add and correctly rounded division, so the two give the same
+figures (tests/test_check_batch.py, under Triton's interpreter;
 benchmarks/check_speed.py on a GPU).
 
 Triton is imported when first needed: on a machine without a GPU the interpreter must be selected
@@ -29,6 +28,14 @@ elements of one row (every count of a span is exact in float32)."""
 FUSED_DTYPES = frozenset({torch.float16, torch.bfloat16, torch.float32, torch.float64,
                           torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64})
 """Output and reference types the kernel reads; others (bool, float8, complex) take the torch path."""
+
+def wide_type(*dtypes: torch.dtype) -> torch.dtype:
+    """Where outputs and references are compared: float32 holds every value of a floating-point type of 16
+    bits or fewer exactly (and their differences to 2**-24 of the larger), at half float64's traffic, which
+    a GPU's check of a timed sample of 128 MiB outputs is bound by; float64 for the rest."""
+    narrow = all(d.is_floating_point and d.itemsize <= 2 for d in dtypes)
+    return torch.float32 if narrow else torch.float64
+
 
 _PARTS = 7  # per span: non-finite, of which NaN, max |o - r|, max relative, within, NaN in diff, NaN in rel
 
@@ -77,7 +84,7 @@ def _kernel() -> Any:
             nan_rel += (rel != rel).to(tl.int32)
             max_diff = tl.maximum(max_diff, tl.where(diff != diff, zero, diff))
             max_rel = tl.maximum(max_rel, tl.where(rel != rel, zero, rel))
-        out = part_ptr + (row * spans + span) * 7
+        out = part_ptr + (row * spans + span) * 7  # _PARTS
         tl.store(out, tl.sum(bad, 0).to(atol.dtype))
         tl.store(out + 1, tl.sum(nans, 0).to(atol.dtype))
         tl.store(out + 2, tl.max(max_diff, 0))
@@ -136,7 +143,7 @@ def warm(device: torch.device, dtypes: tuple[torch.dtype, ...] = WARM_DTYPES) ->
     slot's first timed sample would otherwise wait for the compiler inside its timing window)."""
     kernel = _kernel()
     for dtype in dtypes:
-        wide = torch.float32 if dtype.itemsize <= 2 and dtype.is_floating_point else torch.float64
+        wide = wide_type(dtype)
         o = torch.empty(BLOCK, dtype=dtype, device=device)
         tol = torch.empty(3, dtype=wide, device=device)
         part = torch.empty(_PARTS, dtype=wide, device=device)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import secrets
+import sys
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -18,6 +19,7 @@ from fibray.compile import bound_log, build_reference
 from fibray.evaluate.candidate import TimeResult, TimingPlan, TrialOutput, normalize_outputs
 from fibray.check import CheckResult, Draws, Tolerance, checker_for, judge_calls, wants_draws
 from fibray.check.base import structural
+from fibray.check.fused import warm as warm_checks
 from fibray.evaluate.memory import (
     KEEP_REGION_BYTES, KEEP_REGION_BYTES_GPU, TIMED_REFS_CACHE_BYTES, TIMING_BUDGET_BYTES, TIMING_MAX_SETS, GUARD_BYTES,
     JobMemory, KeptRegion, LocalRegion, Region,
@@ -103,6 +105,14 @@ def _timed_verdicts(checker, outs: list[list[torch.Tensor]], refs: list[list[tor
     return judge_calls(checker, outs, refs, names, tol)
 
 
+def _warm_checks(device: torch.device) -> None:
+    """fibray.check.fused.warm, where a failure only leaves the compile to the first check that needs it."""
+    try:
+        warm_checks(device)
+    except Exception as e:  # noqa: BLE001  (the first check compiles, or takes the torch path, and says why there)
+        print(f"fibray: the output checks' kernels were not compiled ahead on {device}: {e!r}", file=sys.stderr)
+
+
 class Judge:
     """Holds references and decides verdicts; never runs candidate code."""
 
@@ -135,6 +145,8 @@ class Judge:
         (fibray.sweep.pool), need no larger one job after job."""
         self.caps: Optional[DeviceCaps] = None
         """The device's measured bandwidth and throughput for the roofline floor (measured on first use; none on a CPU)."""
+        if device.type == "cuda":  # the checks' kernels compiled beside whatever starts with this judge, launching nothing
+            threading.Thread(target=_warm_checks, args=(device,), name="fibray-warm-checks", daemon=True).start()
 
     # -- verdict helpers -------------------------------------------------------------------
     def fail(self, status: Status | str, reason: str, log: str, s: EvalSettings, metrics: Optional[CheckResult] = None) -> Evaluation:

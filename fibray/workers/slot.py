@@ -12,7 +12,6 @@ from __future__ import annotations
 import logging
 import os
 import socket
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -69,16 +68,6 @@ PROBE_MIN_S = 0.002
 PROBE_TRIES = 3
 PROBE_PAUSE_S = 0.005
 """Probes, this far apart, that must all find the GPU shared before a window acts on it."""
-
-
-def _warm_checks(device: torch.device) -> None:
-    """fibray.check.fused.warm, where a failure only leaves the compile to the first check that needs it."""
-    from fibray.check.fused import warm
-
-    try:
-        warm(device)
-    except Exception as e:  # noqa: BLE001  (the first check compiles, or takes the torch path, and says why there)
-        print(f"fibray: the output checks' kernels were not compiled ahead on {device}: {e!r}", file=sys.stderr)
 
 
 def _end_now(ex: sandbox.Executor) -> None:
@@ -193,8 +182,6 @@ class GpuSlot:
                     f"fibray refuses to judge candidates on this GPU. Use a driver with VMM and POSIX-fd handles, "
                     f"or set runner.executor_checks=true to verify copies the executor stages (recorded per row)")
         self.judge = Judge(self.base / "judge", self.device, self.env, regions=regions, region_kind=kind)
-        if self.device.type == "cuda":  # the checks' kernels compiled beside the executors' start, launching nothing
-            threading.Thread(target=_warm_checks, args=(self.device,), name="fibray-warm-checks", daemon=True).start()
         self.overheads: dict[tuple, Overhead] = {}
         """The timing bound's calibration per timing mode (fibray.timing.bound), made on pristine executors."""
         self._calibrating = threading.Lock()
