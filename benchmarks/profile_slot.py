@@ -52,6 +52,8 @@ def main() -> int:
     ap.add_argument("--out", type=Path, default=None, help="write the pstats here")
     ap.add_argument("--wrap", action="store_true", help="clocks around the supervisor's functions instead of cProfile")
     ap.add_argument("--sync", action="store_true", help="with --wrap: wait for the GPU as each wrapped function returns")
+    ap.add_argument("--also", nargs="*", default=[], metavar="MODULE:QUALNAME",
+                    help="with --wrap: more functions to clock, as module:qualname")
     ap.add_argument("--override", nargs="*", default=[], metavar="KEY=VALUE", help="more fibray.sweep overrides")
     args = ap.parse_args()
 
@@ -76,7 +78,7 @@ def main() -> int:
     phases: defaultdict[str, float] = defaultdict(float)
     statuses: Counter[str] = Counter()
     keys = list(groups)
-    clocks = _wrap(WRAPPED, args.sync and torch.cuda.is_available()) if args.wrap else None
+    clocks = _wrap([*WRAPPED, *args.also], args.sync and torch.cuda.is_available()) if args.wrap else None
     prof = cProfile.Profile()
     t1 = time.perf_counter()
     if clocks is None:

@@ -463,3 +463,36 @@ def test_poisoning_many_output_sets_at_once_writes_what_poisoning_each_does(outs
         lo, hi = fast._span(k)
         untouched[lo:hi] = False
     assert torch.equal(fast.region.bytes()[untouched], noise[untouched])  # nothing outside the sets written
+
+
+def test_a_layouts_flip_masks_are_cut_from_one_allocation():
+    """The executor's changes of a layout's sets (no kept masks) take their flip masks from one zeroed
+    allocation, not one each: in a fresh process on a GPU each allocation went to the driver. The sets'
+    masks lie one after another in it, and the changes they make are those the kept-mask test checks."""
+    from fibray.evaluate.memory import LocalRegion
+
+    sets = [[torch.randn(8, 64).bfloat16(), torch.arange(4), torch.randn(64).half()] for _ in range(4)]
+    layout = plan_layout("local", "cpu", sets, [(torch.float32, (1,))], trials=3, dps=True, timed_buffers=1,
+                         snapshots=False)
+    region = LocalRegion(layout.size, torch.device("cpu"))
+    for i, values in enumerate(sets):
+        JobMemory(region, layout).write_inputs(i, values)
+    changes = InputChanges.of_layout(layout, region)
+    storages = {c._flips.untyped_storage().data_ptr() for c in changes}
+    assert len(storages) == 1
+    offsets = [c._flips.storage_offset() * 8 for c in changes]
+    spans = [memory.set_span(row)[1] for row in layout.inputs]
+    assert offsets == [sum(spans[:i]) for i in range(len(spans))]
+
+
+def test_the_executors_job_path_warm_up_changes_every_float_input_and_fails_when_one_does_not(monkeypatch):
+    """An executor runs the job path's operations once as it starts (warm_job_path: on a GPU, CUDA's lazy
+    module loads and the caching allocator's growth fall there, not in a job's timing). It checks what it
+    ran: with input changes that change nothing, it raises instead of starting an executor whose changes
+    do nothing."""
+    from fibray.evaluate.candidate import warm_job_path
+
+    warm_job_path(torch.device("cpu"))
+    monkeypatch.setattr(InputChanges, "apply", lambda self, seed: None)
+    with pytest.raises(RuntimeError, match="did not change"):
+        warm_job_path(torch.device("cpu"))

@@ -22,7 +22,7 @@ from pydantic import BaseModel, ConfigDict, ValidationInfo, field_validator
 from fibray.compile import BuildCache, BuildError, DeviceRequired, Runnable, bind, format_raised, raised_type
 from fibray.check import collect_draws, draw_plan
 from fibray.evaluate.inputs import allocate_outputs, materialize, torch_dtype
-from fibray.evaluate.memory import InputChanges, Layout, Region, args_of, outputs_of
+from fibray.evaluate.memory import InputChanges, JobMemory, Layout, LocalRegion, Region, args_of, outputs_of, plan_layout
 from fibray.evaluate.phases import Phases
 from fibray.schema.reasons import Reason
 from fibray.schema import Definition, EvaluationStatus, Job, SafetensorsInput
@@ -94,6 +94,41 @@ class TimingPlan(BaseModel):
 
     iterations: int
     calls: int
+
+
+WARM_PATH_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+"""The input and output types whose job-path operations an executor runs once as it starts (warm_job_path)."""
+
+
+def warm_job_path(device: torch.device) -> None:
+    """Run once, on a small region of this process's own, what a job makes this side do around a
+    candidate's calls: its input sets' changes (flip masks, the random pool, the XOR) for every
+    WARM_PATH_DTYPES input, and the copy of a returned result into its buffers. On a GPU the first use
+    of each of those operations in a process loads its module (CUDA's lazy loading) and grows the
+    caching allocator: here, as the executor starts, rather than in its first job's timing. Raises
+    RuntimeError if a change left a floating-point input as it was (nothing is timed here: nobody
+    would have seen it otherwise)."""
+    sets = [[torch.randn(64, device=device).to(dt) for dt in WARM_PATH_DTYPES]
+            + [torch.arange(8, device=device, dtype=torch.int32)] for _ in range(2)]
+    specs = [(dt, (64,)) for dt in WARM_PATH_DTYPES]
+    layout = plan_layout("local", str(device), sets, specs, 1, False, 1, False)
+    region = LocalRegion(layout.size, device)
+    mem = JobMemory(region, layout, device)
+    for i, values in enumerate(sets):
+        mem.write_inputs(i, values)
+    changes = InputChanges.of_layout(layout, region)
+    for seed, change in enumerate(changes, start=1):
+        change.apply(seed)
+        change.apply(seed + 7)
+    for k in (layout.scratch, *layout.timed):
+        for dst, src in zip(outputs_of(region, layout.outputs[k]), args_of(region, layout.inputs[0])):
+            _copy(dst, src)
+    if device.type == "cuda":
+        _sync(device)
+    for s, values in enumerate(sets):
+        for was, now in zip(values, args_of(region, layout.inputs[s])):
+            if was.is_floating_point() and torch.equal(was, now):
+                raise RuntimeError(f"the job path's warm-up: input set {s}'s {was.dtype} input did not change")
 
 
 def _failure(status: str, reason: str, log: str) -> TrialOutput:

@@ -508,10 +508,15 @@ class InputChanges:
         sets' flip masks by (set, its tensors' places within the span), kept by a caller whose regions
         hold the same sets in that state again (the supervisor's copies of a workload's sets: Judge._timed)."""
         shared: dict[tuple, list] = {}
-        return [cls(region, row, shared, masks, i) for i, row in enumerate(layout.inputs)]
+        into = None
+        if masks is None:  # every set's mask in one allocation: a fresh process's caching allocator asks the
+            spans = [s for s in map(set_span, layout.inputs) if s is not None]  # driver once, not once a set
+            into = _MaskArena(sum(n for _, n in spans), region.bytes().device)
+        return [cls(region, row, shared, masks, i, into) for i, row in enumerate(layout.inputs)]
 
     def __init__(self, region: Region, row: list[Arg], shared: Optional[dict[tuple, list]] = None,
-                 masks: Optional[dict[tuple, Optional[torch.Tensor]]] = None, index: int = 0) -> None:
+                 masks: Optional[dict[tuple, Optional[torch.Tensor]]] = None, index: int = 0,
+                 into: Optional["_MaskArena"] = None) -> None:
         shared = {} if shared is None else shared
         span = set_span(row)
         self._words: Optional[torch.Tensor] = None
@@ -519,7 +524,7 @@ class InputChanges:
             return
         lo, nbytes = span
         if masks is None:
-            flips = self._mask(region, row, lo, nbytes)
+            flips = self._mask(region, row, lo, nbytes, into)
         else:
             known = (index, tuple((a.place.off - lo, a.place.dtype, a.place.shape) for a in row if a.place is not None))
             if known not in masks:
@@ -530,15 +535,20 @@ class InputChanges:
         self._words = _piece(region, lo, nbytes).view(torch.int64)
         self._flips = flips
         key = (self._words.numel(), str(self._words.device))
-        if key not in shared:  # [pool (drawn at the first change), scratch]
-            shared[key] = [None, torch.empty_like(self._words)]
+        if key not in shared:  # [pool (allocated now, drawn at the first change), scratch, pool drawn]
+            words = self._words.numel()
+            shared[key] = [torch.empty(words + POOL_SPAN, dtype=torch.int64, device=self._words.device),
+                           torch.empty_like(self._words), False]
         self._pool_scratch = shared[key]
 
     @staticmethod
-    def _mask(region: Region, row: list[Arg], lo: int, nbytes: int) -> Optional[torch.Tensor]:
+    def _mask(region: Region, row: list[Arg], lo: int, nbytes: int,
+              into: Optional["_MaskArena"] = None) -> Optional[torch.Tensor]:
         """The set's flip mask as 64-bit words over its span (flip_mask of each float input), or None
-        where no input may change."""
-        mask, floats = torch.zeros(nbytes, dtype=torch.uint8, device=region.bytes().device), False
+        where no input may change. `into`: the mask is a zeroed piece of it rather than an allocation of its own."""
+        device = region.bytes().device
+        mask = into.take(nbytes) if into is not None else torch.zeros(nbytes, dtype=torch.uint8, device=device)
+        floats = False
         for arg, a in zip(row, args_of(region, row)):
             if arg.place is None or not a.is_floating_point() or not a.numel():
                 continue
@@ -551,15 +561,29 @@ class InputChanges:
         words = self._words
         if words is None:
             return
-        pool, scratch = self._pool_scratch
-        if pool is None:
+        pool, scratch, drawn = self._pool_scratch
+        if not drawn:
             gen = torch.Generator(device=words.device)
             gen.manual_seed(seed ^ _POOL_SALT)
-            pool = self._pool_scratch[0] = torch.empty(words.numel() + POOL_SPAN, dtype=torch.int64, device=words.device)
             pool.random_(generator=gen)
+            self._pool_scratch[2] = True
         at = seed % POOL_SPAN
         torch.bitwise_and(pool[at:at + words.numel()], self._flips, out=scratch)
         words.bitwise_xor_(scratch)
+
+
+class _MaskArena:
+    """One zeroed allocation that a layout's flip masks are cut from, in order (InputChanges.of_layout)."""
+
+    def __init__(self, nbytes: int, device: torch.device) -> None:
+        self._bytes = torch.zeros(nbytes, dtype=torch.uint8, device=device)
+        self._at = 0
+
+    def take(self, nbytes: int) -> torch.Tensor:
+        piece = self._bytes[self._at:self._at + nbytes]
+        assert piece.numel() == nbytes, "the mask arena was sized for fewer bytes"
+        self._at += nbytes
+        return piece
 
 
 POOL_SPAN = 1 << 14

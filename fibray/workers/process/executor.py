@@ -48,7 +48,7 @@ def main(argv: list[str] | None = None) -> None:
     from fibray.compile import format_raised, prepare_triton
 
     prepare_triton(args.device)
-    from fibray.evaluate.candidate import CandidateRunner, classify_exception
+    from fibray.evaluate.candidate import CandidateRunner, classify_exception, warm_job_path
     from fibray.timing.steps import StepPipe
     from fibray.workers.process.channel import Arena, ChannelClosed, Health, Hello, Op, Reply, Request, recv, recv_fds, send
 
@@ -76,6 +76,8 @@ def main(argv: list[str] | None = None) -> None:
     if arena is not None and device.type == "cuda":
         arena.pin(1)  # the first stretch, before the candidate's first reply
     runner = CandidateRunner(Path(args.workdir), device)
+    warm_job_path(device)  # the job path's first uses (on a GPU: module loads, allocations) before any job
+    _health(torch, device, 0, Health)  # the health canary's too
     # torch and triton hold ~10^6 objects; moved out of the collector's reach, the per-job
     # collection below scans only what candidates created (0.1 ms instead of ~100 ms)
     gc.collect()
