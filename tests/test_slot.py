@@ -514,6 +514,30 @@ def test_a_standby_readied_for_the_next_solution_takes_the_lane_when_its_job_com
     assert job.solution.hash not in s.warm
 
 
+def test_a_readied_executor_has_its_kept_region_made_and_mapped_before_its_first_job(warm_slot):
+    """The region its solution's jobs will need (as large as its definition's jobs needed here) is made and
+    mapped while it is readied: its first job makes none and sends no descriptor (on an H100 the two cost a
+    new executor's first job ~26 ms)."""
+    s = warm_slot
+    first = s.evaluate(_jobs("rmsnorm_h4096_torch")[0].model_copy(update={"job_id": "ahead-0"}), "auto", now_iso())
+    assert first.evaluation.status.value == "PASSED", first.evaluation.log[-300:]
+    job = _variant(_jobs("rmsnorm_h4096_torch")[0], "ahead").model_copy(update={"job_id": "ahead-1"})
+    warm = _prewarmed(s, job)
+    assert warm.ok
+    ahead = warm.ex.region
+    assert ahead is not None and ahead.mapped and ahead.region.size >= s.judge.kept_size(job.definition.name) > 0
+    made, sent = ahead.region, []
+    real_share = type(made).share
+    type(made).share = lambda self: (sent.append(self), real_share(self))[1]
+    try:
+        result = s.evaluate(job, "auto", now_iso())
+    finally:
+        type(made).share = real_share
+    assert result.evaluation.status.value == "PASSED", result.evaluation.log[-300:]
+    assert s.active.pid == warm.ex.pid and s.active.region.region is made
+    assert sent == []  # the job's attach named the kept region: no descriptor went
+
+
 def test_an_executor_whose_warm_up_call_left_a_thread_is_not_kept_for_the_job(warm_slot):
     """A call judged by nobody must not become a place to start work unseen: the thread would be in the
     job's baseline, and the job would pass. The warm-up is retired; the job runs on an unused executor

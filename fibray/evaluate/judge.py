@@ -230,6 +230,11 @@ class Judge:
         return KeptRegion(lambda size: self.regions(size, self.device),
                           KEEP_REGION_BYTES_GPU if self.device.type == "cuda" else KEEP_REGION_BYTES)
 
+    def kept_size(self, definition: str) -> int:
+        """The largest kept region a job of `definition` has needed here so far (0: none yet)."""
+        with self._lock:
+            return self._kept_sizes.get(definition, 0)
+
     def open(self, job: Job, state: _WorkloadState, keep: Optional[KeptRegion] = None) -> tuple[JobMemory, _JobPlan]:
         """Allocate the job's region (or lend `keep`'s), write every input set into it and poison every output buffer.
         Timing uses the trials' sets and further ones (at most TIMING_MAX_SETS, TIMING_BUDGET_BYTES);

@@ -116,6 +116,13 @@ class Layout(BaseModel):
     snapshots: list[int]
     """Per timed buffer, where its outputs are copied as the call returns (CPU, DPS): a change after return shows."""
 
+    @classmethod
+    def bare(cls, size: int, kind: str, device: str) -> "Layout":
+        """A region's size and kind alone, with nothing placed in it: what an executor needs to map a
+        kept region before any job (Op.KEEP)."""
+        return cls(size=size, kind=kind, device=device, inputs=[], outputs=[], trials=0, dps=False, recheck=0,
+                   scratch=0, timed=[], snapshots=[])
+
     def trial_set(self, t: int) -> int:
         return t
 
@@ -350,6 +357,16 @@ class KeptRegion:
             self.region = self.make(max(size, min(at_least, self.keep_bytes)))
         self._lent = True
         return LentRegion(self)
+
+    def prepare(self, size: int) -> bool:
+        """Make the region `size` bytes large ahead of any job (none made, or a smaller one), within
+        keep_bytes; True if there is one at least that large now."""
+        if size > self.keep_bytes or self._lent:
+            return False
+        if self.region is None or self.region.size < size:
+            self.close()
+            self.region = self.make(size)
+        return True
 
     def lent(self, region: Region) -> bool:
         """`region` is this one's, as lent."""

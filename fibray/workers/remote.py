@@ -164,6 +164,17 @@ class RemoteCalls:
             self.kept.mapped = True
         self._mapped = (layout, region)
 
+    def keep_ahead(self, kept: KeptRegion, kind: str, device: str) -> None:
+        """Map `kept`'s region (made already) in the executor before any job of it (Op.KEEP): its jobs'
+        attach then names it only."""
+        fd = kept.region.share() if kept.region is not None else None
+        if fd is None:
+            raise RuntimeError(f"a {kind} region cannot be shared with an executor")
+        reply = self._run(Request(Op.KEEP, self.job, layout=Layout.bare(kept.region.size, kind, device)), fds=[fd])
+        if not reply.ok:
+            raise ExecutorFault(Status.RUNTIME_ERROR, Reason.EXECUTOR_ERROR, f"mapping a kept region failed: {reply.error}")
+        kept.mapped = True
+
     def _after_call(self) -> Optional[CandidateFailure]:
         """Threads of the executor beyond those it had when the job started, read from /proc after a
         request returned: work the candidate left running after its call (it counts, or fails the job);

@@ -69,6 +69,9 @@ class Op(StrEnum):
     """Call again on the first input set, which the supervisor rewrote in place."""
     FINISH = "finish"
     """Drop the job and unmap its region, unless it is the one kept."""
+    KEEP = "keep"
+    """Map the region whose descriptor follows and keep it for later jobs (unmapping the one kept
+    before), ahead of any job of it: their ATTACH then names it ("kept"). Request.layout gives its size."""
     HEALTH = "health"
     """The canary and the memory baseline."""
     EXIT = "exit"

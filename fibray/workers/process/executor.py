@@ -116,6 +116,13 @@ def main(argv: list[str] | None = None) -> None:
                 regions[req.job.job_id] = region
                 runner.attach(req.job, req.layout, region)
                 reply = Reply(True)
+            elif req.op == Op.KEEP:
+                (fd,) = recv_fds(conn, 1)
+                region = _map(req.layout, fd, device)
+                if kept is not None:
+                    kept.close()
+                kept = region
+                reply = Reply(True)
             elif req.op == Op.TRIAL:
                 reply = Reply(True, runner.trial(req.job, req.trial))
             elif req.op == Op.PREPARE_TIME:
