@@ -496,3 +496,26 @@ def test_the_executors_job_path_warm_up_changes_every_float_input_and_fails_when
     monkeypatch.setattr(InputChanges, "apply", lambda self, seed: None)
     with pytest.raises(RuntimeError, match="did not change"):
         warm_job_path(torch.device("cpu"))
+
+
+def test_a_layout_is_planned_once_for_the_same_shapes_and_settings_and_anew_for_others():
+    """plan_layout keeps what it planned by the inputs' dtypes and shapes (a scalar's value) and the settings:
+    the jobs of one workload share one layout; another shape, scalar or setting gets its own."""
+    def sets(n, eps=1e-6):
+        return [[torch.randn(n, 64).bfloat16(), torch.randn(64).bfloat16(), eps] for _ in range(3)]
+
+    specs = [(torch.bfloat16, (4, 64))]
+    a = plan_layout("local", "cpu", sets(4), specs, 3, False, 4, False)
+    assert plan_layout("local", "cpu", sets(4), specs, 3, False, 4, False) is a
+    assert plan_layout("local", "cpu", sets(4), specs, 3, False, 4, False) == _fresh_layout(sets(4), specs, 4)
+    others = [plan_layout("local", "cpu", sets(8), specs, 3, False, 4, False),
+              plan_layout("local", "cpu", sets(4, 1e-5), specs, 3, False, 4, False),
+              plan_layout("local", "cpu", sets(4), specs, 3, True, 4, False),
+              plan_layout("local", "cpu", sets(4), specs, 3, False, 5, False),
+              plan_layout("local", "cpu", sets(4), [(torch.float32, (4, 64))], 3, False, 4, False)]
+    assert all(o is not a and o != a for o in others)
+    assert others[1].inputs[0][2].value == 1e-5
+
+
+def _fresh_layout(input_sets, specs, buffers):
+    return memory._plan_layout("local", "cpu", input_sets, specs, 3, False, buffers, False)
