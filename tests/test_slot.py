@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
 
 import pytest
@@ -545,8 +546,21 @@ def test_an_executor_whose_warm_up_call_left_a_thread_is_not_kept_for_the_job(wa
     s = warm_slot
     job = _candidate_jobs("offender_leaves_thread")[0].model_copy(update={"job_id": "pw-thread"})
     before = dict(s.counters)
-    warm = _prewarmed(s, job)
+    real_retire, lock_free = sandbox.retire, []
+
+    def retire(ex, *a, **k):  # whether whoever puts the executor down holds the slot's lock meanwhile
+        lock_free.append(not s._lock._is_owned())
+        return real_retire(ex, *a, **k)
+
+    sandbox.retire = retire
+    try:
+        warm = _prewarmed(s, job)
+        s._retired()
+    finally:
+        sandbox.retire = real_retire
     assert not warm.ok and not warm.ex.alive()
+    # put down off the lock (every lane's job needs it) and once: ~0.15 s a retirement on a GPU host
+    assert lock_free == [True]
     assert s.counters["prewarm_discarded"] == before["prewarm_discarded"] + 1
     result = s.evaluate(job, "auto", now_iso())
     assert (result.evaluation.status.value, result.evaluation.reason) == ("RUNTIME_ERROR", "work_left_running")

@@ -374,7 +374,7 @@ class GpuSlot:
             # its lane yet: the executor readied for it stays, and only an older guess gives way
             while len(self.warm) >= _READIED:  # the oldest guess gives way (its warm-up ends on a dead executor)
                 other = next(iter(self.warm))
-                sandbox.retire(self.warm.pop(other).ex)
+                self._retire_soon(self.warm.pop(other).ex)  # its end and cleanup off the lock, as a lane's are
                 self.counters["prewarm_discarded"] += 1
             ex = self.standbys.pop(0)
             self._refill_standbys()
@@ -406,7 +406,9 @@ class GpuSlot:
                     if self.warm.get(job.solution.hash) is warm:  # else a later guess retired it already
                         del self.warm[job.solution.hash]
                         self.counters["prewarm_discarded"] += 1
-                    sandbox.retire(warm.ex)
+                        # killed now; its end and cleanup in a thread, not under the lock (~0.15 s on a GPU
+                        # host, while every lane's job waited for the lock), and before any window opens
+                        self._retire_soon(warm.ex)
             warm.done.set()
 
     def _keep_ahead(self, ex: sandbox.Executor, calls: RemoteCalls, job: Job) -> None:
