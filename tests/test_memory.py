@@ -515,6 +515,9 @@ def test_a_layout_is_planned_once_for_the_same_shapes_and_settings_and_anew_for_
               plan_layout("local", "cpu", sets(4), [(torch.float32, (4, 64))], 3, False, 4, False)]
     assert all(o is not a and o != a for o in others)
     assert others[1].inputs[0][2].value == 1e-5
+    zero = plan_layout("local", "cpu", sets(4, 0.0), specs, 3, False, 4, False)
+    minus = plan_layout("local", "cpu", sets(4, -0.0), specs, 3, False, 4, False)
+    assert minus is not zero and math.copysign(1.0, minus.inputs[0][2].value) == -1.0  # a scalar is passed as it is
 
 
 def _fresh_layout(input_sets, specs, buffers):

@@ -172,7 +172,7 @@ def _layout_key(kind: str, device: str, input_sets: list[list[Any]], out_specs: 
             if isinstance(a, torch.Tensor):
                 row.append((a.dtype, tuple(a.shape)))
             elif a is None or isinstance(a, (bool, int, float, str)):
-                row.append((type(a), a))
+                row.append((type(a), repr(a)))  # (repr: -0.0 is not 0.0, and a NaN is itself)
             else:
                 return None
         rows.append(tuple(row))
@@ -258,6 +258,11 @@ def _memory_info(device: torch.device) -> tuple[int, int]:
     if known is None or now - known[0] > FREE_MEMORY_TTL_S:
         known = _MEMORY_INFO[index] = (now, torch.cuda.mem_get_info(index))
     return known[1]
+
+
+def free_device_bytes(device: torch.device) -> int:
+    """A GPU's free memory as last asked (at most FREE_MEMORY_TTL_S ago)."""
+    return _memory_info(device)[0]
 
 
 def workload_cache_bytes(device: torch.device) -> int:

@@ -23,7 +23,7 @@ import torch
 
 from fibray import deadlines
 from fibray.compile import prepare_triton
-from fibray.evaluate.memory import HostRegion
+from fibray.evaluate.memory import HostRegion, free_device_bytes
 from fibray.schema.reasons import Reason, is_fault, quarantined
 from fibray.evaluate.environment import default_device, environment
 from fibray.evaluate.phases import now_iso
@@ -76,6 +76,10 @@ def _end_now(ex: sandbox.Executor) -> None:
     sandbox.kill_executor(ex)
     sandbox.wait_exited([pid], time.monotonic() + deadlines.RETIRE_EXIT_S, poll_s=0.001)
 
+
+KEEP_AHEAD_SHARE = 8
+"""A readied executor's kept region is made ahead only where it is at most 1/KEEP_AHEAD_SHARE of the GPU's
+free memory (GpuSlot._keep_ahead): up to _READIED of them are held at once."""
 
 _READIED = PREWARM_AHEAD + 1
 """Executors readied ahead per slot at most: those of the groups the driver has named, and the next group's
@@ -420,13 +424,20 @@ class GpuSlot:
         size = self.judge.kept_size(job.definition.name)
         if not size or ex.single_use or ex.region is not None:
             return
+        if self.device.type == "cuda" and size > free_device_bytes(self.device) // KEEP_AHEAD_SHARE:
+            return  # the readied executors' regions would crowd the candidates' memory: made by the job, as before
         keeper = self.judge.keeper()
         try:
             with self.gpu.hold(Phases(), "keep_ahead"):
                 made = keeper.prepare(size)
+        except Exception as e:  # noqa: BLE001  (no region ahead: its first job makes one, as before)
+            keeper.close()
+            log.warning("slot %s: a kept region of %d bytes could not be made ahead: %s", self.name, size, e)
+            return
+        try:
             if made:
                 calls.keep_ahead(keeper, self.judge.region_kind, str(self.judge.device))
-        except BaseException:
+        except BaseException:  # the executor could not map it: its readying fails (_warm_up)
             keeper.close()
             raise
         if made:

@@ -77,7 +77,8 @@ def main(argv: list[str] | None = None) -> None:
         arena.pin(1)  # the first stretch, before the candidate's first reply
     runner = CandidateRunner(Path(args.workdir), device)
     warm_job_path(device)  # the job path's first uses (on a GPU: module loads, allocations) before any job
-    _health(torch, device, 0, Health)  # the health canary's too
+    # the health canary's too (against what is allocated now: no leak, so no full collection of torch's objects)
+    _health(torch, device, torch.cuda.memory_allocated(device) if device.type == "cuda" else 0, Health)
     # torch and triton hold ~10^6 objects; moved out of the collector's reach, the per-job
     # collection below scans only what candidates created (0.1 ms instead of ~100 ms)
     gc.collect()
