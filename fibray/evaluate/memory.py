@@ -405,8 +405,7 @@ class KeptRegion:
         if size > self.keep_bytes or self._lent:
             return self.make(size)
         if self.region is None or self.region.size < size:
-            self.close()
-            self.region = self.make(max(size, min(at_least, self.keep_bytes)))
+            self.prepare(max(size, min(at_least, self.keep_bytes)))
         self._lent = True
         return LentRegion(self)
 

@@ -45,6 +45,14 @@ _PHASE_OF = {"trial": "trials", "time": "timing", "prepare_time": "timing_prep"}
 """run_job's phase for an executor request, where the names differ; the executor's own share goes under it."""
 
 
+def _descriptor(region: Region, kind: str) -> int:
+    """The file descriptor that hands `region` to an executor; RuntimeError where a region of its kind has none."""
+    fd = region.share()
+    if fd is None:
+        raise RuntimeError(f"a {kind} region cannot be shared with an executor")
+    return fd
+
+
 class RemoteCalls:
     """run_job's candidate side, answered by an executor process under deadlines."""
 
@@ -154,10 +162,8 @@ class RemoteCalls:
         if lent and self.kept.mapped:
             reply = self._run(Request(Op.ATTACH, job, layout=layout, region="kept"))
         else:
-            fd = region.share()
-            if fd is None:
-                raise RuntimeError(f"a {layout.kind} region cannot be shared with an executor")
-            reply = self._run(Request(Op.ATTACH, job, layout=layout, region="keep" if lent else "job"), fds=[fd])
+            reply = self._run(Request(Op.ATTACH, job, layout=layout, region="keep" if lent else "job"),
+                              fds=[_descriptor(region, layout.kind)])
         if not reply.ok:
             raise ExecutorFault(Status.RUNTIME_ERROR, Reason.EXECUTOR_ERROR, f"mapping the job's region failed: {reply.error}")
         if lent:
@@ -167,10 +173,9 @@ class RemoteCalls:
     def keep_ahead(self, kept: KeptRegion, kind: str, device: str) -> None:
         """Map `kept`'s region (made already) in the executor before any job of it (Op.KEEP): its jobs'
         attach then names it only."""
-        fd = kept.region.share() if kept.region is not None else None
-        if fd is None:
-            raise RuntimeError(f"a {kind} region cannot be shared with an executor")
-        reply = self._run(Request(Op.KEEP, self.job, layout=Layout.bare(kept.region.size, kind, device)), fds=[fd])
+        assert kept.region is not None, "keep_ahead: the region is made first (KeptRegion.prepare)"
+        reply = self._run(Request(Op.KEEP, self.job, layout=Layout.bare(kept.region.size, kind, device)),
+                          fds=[_descriptor(kept.region, kind)])
         if not reply.ok:
             raise ExecutorFault(Status.RUNTIME_ERROR, Reason.EXECUTOR_ERROR, f"mapping a kept region failed: {reply.error}")
         kept.mapped = True

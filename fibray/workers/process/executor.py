@@ -111,18 +111,13 @@ def main(argv: list[str] | None = None) -> None:
                     (fd,) = recv_fds(conn, 1)
                     region = _map(req.layout, fd, device)
                     if req.region == "keep":
-                        if kept is not None:
-                            kept.close()
-                        kept = region
+                        kept = _replace(kept, region)
                 regions[req.job.job_id] = region
                 runner.attach(req.job, req.layout, region)
                 reply = Reply(True)
             elif req.op == Op.KEEP:
                 (fd,) = recv_fds(conn, 1)
-                region = _map(req.layout, fd, device)
-                if kept is not None:
-                    kept.close()
-                kept = region
+                kept = _replace(kept, _map(req.layout, fd, device))
                 reply = Reply(True)
             elif req.op == Op.TRIAL:
                 reply = Reply(True, runner.trial(req.job, req.trial))
@@ -230,6 +225,13 @@ def _map(layout, fd: int, device):
 
         return StagedRegion(HostRegion(fd, layout.size), device)
     return HostRegion(fd, layout.size)
+
+
+def _replace(kept, region):
+    """`region` as the one kept from job to job, the one kept before unmapped."""
+    if kept is not None:
+        kept.close()
+    return region
 
 
 def _health(torch, device, baseline: int, Health):
